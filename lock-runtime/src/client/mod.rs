@@ -1,0 +1,495 @@
+//! The client: one backend (single node, Redlock or in-memory), the renewal driver, and the
+//! acquire loop shared by every mode.
+
+mod memory;
+mod redlock;
+mod single;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use crate::config::{Settings, ValidBackend};
+use crate::error::{FailureKind, LockError, NodeFailure};
+use crate::guard::{Held, LockGuard};
+use crate::renew::Renewer;
+use crate::wait::{Backoff, WakeHandle, WakeRegistry};
+use crate::{LockConfig, global};
+
+pub(crate) use memory::MemoryStore;
+pub(crate) use redlock::Redlock;
+pub(crate) use single::RedisNode;
+
+/// The Redis keys and channel of one lock. They share a Redis Cluster hash tag: the caller's own
+/// `{tag}` when the key has one, else the whole key wrapped in braces.
+#[derive(Debug)]
+pub(crate) struct LockKeys {
+    /// The key as the caller wrote it (in errors and `LockGuard::key`).
+    pub(crate) name: String,
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: String) -> Self {
+        let lock = if has_hash_tag(&name) {
+            format!("{prefix}{name}")
+        } else {
+            format!("{prefix}{{{name}}}")
+        };
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+            name,
+        }
+    }
+}
+
+/// Whether Redis Cluster would hash only part of `key`: a `{` followed later by a `}` with at
+/// least one character between them.
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
+}
+
+/// The secret that proves ownership of one acquisition: 128 random bits from the OS, hex encoded.
+/// Never printed: `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Token(Arc<str>);
+
+impl Token {
+    fn new() -> Result<Self, NodeFailure> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| NodeFailure {
+            node: "local".to_owned(),
+            kind: FailureKind::Io,
+            detail: format!("no randomness for a lock token: {e}"),
+        })?;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Token(hex.into()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// The answer to one acquire attempt.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Acquired { fence: Option<u64> },
+    /// Someone else holds it; `pttl` is its remaining time to live when known.
+    Held { pttl: Option<Duration> },
+}
+
+/// The answer to one extension.
+#[derive(Debug, Clone)]
+pub(crate) enum ExtendOutcome {
+    Extended,
+    /// The lock is no longer ours (expired, deleted, or taken by someone else).
+    NotOwned,
+    /// No answer that settles it; the renewal driver retries until the validity deadline.
+    Failed(NodeFailure),
+}
+
+/// One backend per client. An enum rather than a trait object: three closed cases, and the
+/// operations are async.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Single(RedisNode),
+    Redlock(Redlock),
+    Memory(MemoryStore),
+}
+
+impl Backend {
+    pub(crate) async fn acquire(
+        &self,
+        keys: &Arc<LockKeys>,
+        token: &Token,
+        ttl: Duration,
+        settings: &Settings,
+    ) -> Result<Attempt, Vec<NodeFailure>> {
+        match self {
+            Backend::Single(node) => node
+                .acquire(keys, token, ttl, settings.fencing)
+                .await
+                .map_err(|f| vec![f]),
+            Backend::Redlock(redlock) => redlock.acquire(keys, token, ttl).await,
+            Backend::Memory(store) => Ok(store.acquire(keys, token, ttl, settings.fencing)),
+        }
+    }
+
+    pub(crate) async fn extend_many(
+        &self,
+        items: &[(&LockKeys, &Token, Duration)],
+    ) -> Vec<ExtendOutcome> {
+        match self {
+            Backend::Single(node) => node.extend_many(items).await,
+            Backend::Redlock(redlock) => redlock.extend_many(items).await,
+            Backend::Memory(store) => items
+                .iter()
+                .map(|(keys, token, ttl)| {
+                    if store.extend(keys, token, *ttl) {
+                        ExtendOutcome::Extended
+                    } else {
+                        ExtendOutcome::NotOwned
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// `Ok(true)` when the lock was ours up to the release.
+    pub(crate) async fn release(
+        &self,
+        keys: &Arc<LockKeys>,
+        token: &Token,
+    ) -> Result<bool, Vec<NodeFailure>> {
+        match self {
+            Backend::Single(node) => node.release(keys, token).await.map_err(|f| vec![f]),
+            Backend::Redlock(redlock) => redlock.release(keys, token).await,
+            Backend::Memory(store) => Ok(store.release(keys, token)),
+        }
+    }
+
+    /// Subscribes to the lock's release notifications. Must complete before the next attempt so
+    /// that a release between that attempt and the wait cannot be missed.
+    async fn watch(&self, wakers: &Arc<WakeRegistry>, keys: &LockKeys) -> WakeHandle {
+        let mut handle = wakers.watch(&keys.channel);
+        match self {
+            Backend::Single(node) => {
+                if let Some(sub) = node.subscribe(keys).await {
+                    handle.hold(sub);
+                }
+            }
+            Backend::Redlock(redlock) => {
+                for sub in redlock.subscribe(keys).await {
+                    handle.hold(sub);
+                }
+            }
+            Backend::Memory(_) => {}
+        }
+        handle
+    }
+}
+
+/// A handle to a configured lock backend. Cheap to clone; all clones share connections and the
+/// renewal driver.
+///
+/// Most code uses the global client through [`init`](crate::init), [`Lock::new`](crate::Lock::new)
+/// and the attribute; a `LockClient` is for programs that need several backends, or tests.
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) renewer: Renewer,
+    pub(crate) runtime: Handle,
+    wakers: Arc<WakeRegistry>,
+}
+
+impl LockClient {
+    /// Validates `config` and builds a client. Connections are made lazily, on first use, so this
+    /// neither blocks nor fails when Redis is down; lock calls then report `Unavailable`.
+    pub fn new(config: LockConfig) -> Result<LockClient, LockError> {
+        let valid = config.validate()?;
+        let runtime = global::runtime()?;
+        // The connection manager and the renewal driver spawn onto the current runtime: ours.
+        let _entered = runtime.enter();
+        let settings = Arc::new(valid.settings);
+        let wakers = Arc::new(WakeRegistry::default());
+        let backend = match valid.backend {
+            ValidBackend::Single(addr) => {
+                Backend::Single(RedisNode::new(&addr, &settings, Arc::clone(&wakers))?)
+            }
+            ValidBackend::Redlock(addrs) if addrs.len() == 1 => {
+                Backend::Single(RedisNode::new(&addrs[0], &settings, Arc::clone(&wakers))?)
+            }
+            ValidBackend::Redlock(addrs) => Backend::Redlock(Redlock::new(
+                &addrs,
+                &settings,
+                Arc::clone(&wakers),
+            )?),
+            ValidBackend::InMemory => Backend::Memory(MemoryStore::new(Arc::clone(&wakers))),
+        };
+        let backend = Arc::new(backend);
+        let renewer = Renewer::start(Arc::clone(&backend), Arc::clone(&settings));
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                backend,
+                settings,
+                renewer,
+                runtime: runtime.clone(),
+                wakers,
+            }),
+        })
+    }
+
+    /// A lock on `key` through this client (instead of the global one).
+    pub fn lock(&self, key: impl Into<String>) -> crate::Lock {
+        crate::Lock::with_client(self.clone(), key.into())
+    }
+
+    /// Acquires on the library's runtime, from any async context. If the caller's future is
+    /// dropped meanwhile, waiting stops and a lock granted in the meantime is released.
+    pub(crate) async fn acquire(
+        &self,
+        name: String,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+    ) -> Result<LockGuard, LockError> {
+        let (tx, rx) = oneshot::channel();
+        let client = self.clone();
+        self.inner.runtime.spawn(async move {
+            let mut tx = tx;
+            let outcome = client.acquire_here(name, ttl, wait, tx.closed()).await;
+            if let Some(result) = outcome {
+                // A guard the caller no longer wants is dropped here, which releases it.
+                let _ = tx.send(result);
+            }
+        });
+        rx.await.unwrap_or_else(|_| Err(background_gone()))
+    }
+
+    /// Acquires from sync code: blocks this thread (never the library's runtime), also when
+    /// called from inside an async runtime.
+    pub(crate) fn acquire_blocking(
+        &self,
+        name: String,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+    ) -> Result<LockGuard, LockError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let client = self.clone();
+        self.inner.runtime.spawn(async move {
+            let outcome = client
+                .acquire_here(name, ttl, wait, std::future::pending())
+                .await;
+            if let Some(result) = outcome {
+                let _ = tx.send(result);
+            }
+        });
+        rx.recv().unwrap_or_else(|_| Err(background_gone()))
+    }
+
+    /// The acquire loop; runs on the library's runtime. `None` when the caller went away.
+    async fn acquire_here(
+        &self,
+        name: String,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+        caller_gone: impl Future<Output = ()>,
+    ) -> Option<Result<LockGuard, LockError>> {
+        let inner = &self.inner;
+        let settings = &*inner.settings;
+        let ttl = ttl.unwrap_or(settings.default_ttl);
+        let wait = wait.unwrap_or(settings.default_wait);
+        if let Err(e) = check_lock(&name, ttl, settings) {
+            return Some(Err(e));
+        }
+        let keys = Arc::new(LockKeys::new(&settings.key_prefix, name));
+        let token = match Token::new() {
+            Ok(token) => token,
+            Err(failure) => {
+                return Some(Err(LockError::Unavailable {
+                    key: keys.name.clone(),
+                    causes: vec![failure],
+                }));
+            }
+        };
+        let started = Instant::now();
+        let give_up = started + wait;
+        let mut backoff = Backoff::new(settings);
+        let mut watch: Option<WakeHandle> = None;
+        // Set once an attempt's outcome is unknown (timeout, broken connection): the lock may be
+        // ours on the server, so a failed call must release by token before returning.
+        let mut unsure = false;
+        let mut final_try = false;
+        tokio::pin!(caller_gone);
+        let outcome = loop {
+            if let Some(w) = watch.as_mut() {
+                w.mark_seen();
+            }
+            let attempt_start = Instant::now();
+            let attempt = inner.backend.acquire(&keys, &token, ttl, settings).await;
+            let now = Instant::now();
+            let failures = match attempt {
+                Ok(Attempt::Acquired { fence }) => {
+                    let valid_until = attempt_start + ttl.saturating_sub(settings.drift(ttl));
+                    if valid_until > now {
+                        break Ok(self.guard(Arc::clone(&keys), token.clone(), ttl, fence, valid_until));
+                    }
+                    // Granted too slowly to be of use: not a success.
+                    unsure = true;
+                    vec![NodeFailure::timeout(
+                        "quorum",
+                        "acquire before the lock's validity ran out",
+                    )]
+                }
+                Ok(Attempt::Held { pttl }) => {
+                    unsure = false;
+                    if now >= give_up {
+                        break Err(LockError::Contended {
+                            key: keys.name.clone(),
+                            waited: now - started,
+                        });
+                    }
+                    if watch.is_none() {
+                        // Subscribe, then retry at once: a release from here on wakes us.
+                        watch = Some(inner.backend.watch(&inner.wakers, &keys).await);
+                        continue;
+                    }
+                    let nap = backoff
+                        .next_delay()
+                        .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)))
+                        .min(give_up - now);
+                    let released = async {
+                        match watch.as_mut() {
+                            Some(w) => w.released().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        () = tokio::time::sleep(nap) => {}
+                        () = released => {}
+                        () = &mut caller_gone => return None,
+                    }
+                    continue;
+                }
+                Err(failures) => failures,
+            };
+            unsure |= failures.iter().any(|f| f.kind.is_transient());
+            let transient = failures.iter().all(|f| f.kind.is_transient());
+            if !transient || final_try {
+                break Err(unavailable(&keys, failures));
+            }
+            if now >= give_up {
+                if !unsure {
+                    break Err(unavailable(&keys, failures));
+                }
+                // The last outcome is unknown: ask once more with the same token (the acquire
+                // script answers "ours" for it) rather than guess.
+                final_try = true;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay().min(give_up - now)) => {}
+                () = &mut caller_gone => {
+                    self.release_in_background(&keys, &token, unsure);
+                    return None;
+                }
+            }
+        };
+        if outcome.is_err() {
+            self.release_in_background(&keys, &token, unsure);
+        }
+        Some(outcome)
+    }
+
+    fn guard(
+        &self,
+        keys: Arc<LockKeys>,
+        token: Token,
+        ttl: Duration,
+        fence: Option<u64>,
+        valid_until: Instant,
+    ) -> LockGuard {
+        let held = Arc::new(Held::new(keys, token, ttl, fence));
+        self.inner.renewer.register(Arc::clone(&held), valid_until);
+        LockGuard::new(self.clone(), held)
+    }
+
+    /// Best-effort release of a token whose acquisition may have succeeded unseen.
+    fn release_in_background(&self, keys: &Arc<LockKeys>, token: &Token, unsure: bool) {
+        if !unsure {
+            return;
+        }
+        let backend = Arc::clone(&self.inner.backend);
+        let keys = Arc::clone(keys);
+        let token = token.clone();
+        self.inner.runtime.spawn(async move {
+            if let Err(causes) = backend.release(&keys, &token).await {
+                tracing::debug!(key = %keys.name, ?causes, "cleanup release failed; the key expires by its ttl");
+            }
+        });
+    }
+}
+
+fn check_lock(name: &str, ttl: Duration, settings: &Settings) -> Result<(), LockError> {
+    if name.is_empty() {
+        return Err(LockError::config("key", "must not be empty"));
+    }
+    if ttl.is_zero() {
+        return Err(LockError::config("ttl", "must be greater than zero"));
+    }
+    if settings.renew_every(ttl) >= ttl || settings.drift(ttl) >= ttl {
+        return Err(LockError::config(
+            "ttl",
+            format!("{ttl:?} is too short for the renew interval and drift allowance"),
+        ));
+    }
+    Ok(())
+}
+
+fn unavailable(keys: &LockKeys, causes: Vec<NodeFailure>) -> LockError {
+    LockError::Unavailable {
+        key: keys.name.clone(),
+        causes,
+    }
+}
+
+fn background_gone() -> LockError {
+    LockError::Runtime {
+        reason: "the lock runtime stopped before answering".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = LockKeys::new("lock:", "wallet:42".to_owned());
+        assert_eq!(k.lock, "lock:{wallet:42}");
+        assert_eq!(k.fence, "lock:{wallet:42}:fence");
+        assert_eq!(k.channel, "lock:{wallet:42}:released");
+        let k = LockKeys::new("lock:", "wallet:{42}:x".to_owned());
+        assert_eq!(k.lock, "lock:wallet:{42}:x");
+        let k = LockKeys::new("lock:", "odd{}".to_owned());
+        assert_eq!(k.lock, "lock:{odd{}}");
+    }
+
+    #[test]
+    fn tokens_are_128_bit_and_hidden() {
+        let (Ok(a), Ok(b)) = (Token::new(), Token::new()) else {
+            panic!("no randomness")
+        };
+        assert_eq!(a.as_str().len(), 32);
+        assert_ne!(a, b);
+        assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+}

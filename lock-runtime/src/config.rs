@@ -1,0 +1,511 @@
+use std::fmt;
+use std::time::Duration;
+
+use crate::LockError;
+
+/// The environment variable read by [`LockConfig::from_env`].
+pub const ENV_URL: &str = "LOCK_REDIS_URL";
+
+/// How the process talks to its locks: which backend, plus the defaults and timeouts every lock uses.
+///
+/// Constructors never fail; [`init`](crate::init) (or [`LockClient::new`](crate::LockClient::new))
+/// validates everything and reports the first invalid value as [`LockError::Config`] naming the
+/// field. `Debug` never shows passwords.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::LockConfig;
+///
+/// let config = LockConfig::single("redis://:secret@127.0.0.1:6379/0")
+///     .key_prefix("billing:lock:")
+///     .default_ttl(Duration::from_secs(10))
+///     .default_wait(Duration::from_secs(2));
+/// assert!(!format!("{config:?}").contains("secret"));
+/// ```
+#[derive(Clone)]
+pub struct LockConfig {
+    pub(crate) backend: BackendConfig,
+    pub(crate) key_prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: f64,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) drift_factor: f64,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) fencing: bool,
+}
+
+#[derive(Clone)]
+pub(crate) enum BackendConfig {
+    Single(String),
+    Redlock(Vec<String>),
+    InMemory,
+    /// `from_env` found nothing usable; `init` reports it.
+    EnvMissing,
+}
+
+impl LockConfig {
+    fn with_backend(backend: BackendConfig) -> Self {
+        LockConfig {
+            backend,
+            key_prefix: "lock:".to_owned(),
+            default_ttl: Duration::from_secs(30),
+            default_wait: Duration::ZERO,
+            retry_delay: Duration::from_millis(100),
+            retry_jitter: 0.5,
+            renew_interval: None,
+            drift_factor: 0.01,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(500),
+            fencing: true,
+        }
+    }
+
+    /// One Redis master: `redis://[user:pass@]host[:port][/db]`, or `rediss://` with the `tls` feature.
+    pub fn single(url: impl Into<String>) -> Self {
+        Self::with_backend(BackendConfig::Single(url.into()))
+    }
+
+    /// The Redlock algorithm over independent Redis masters (not replicas of each other, not a
+    /// Redis Cluster). A lock is held when a majority (N/2 + 1) of the nodes granted it.
+    pub fn redlock<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_backend(BackendConfig::Redlock(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Locks that live in this process only: for tests, demos and single-instance deployments.
+    /// Same semantics as Redis (expiry, renewal, fencing, wake-ups), but nothing is shared between
+    /// processes.
+    pub fn in_memory() -> Self {
+        Self::with_backend(BackendConfig::InMemory)
+    }
+
+    /// Reads `LOCK_REDIS_URL`: one URL selects [`single`](Self::single), a comma-separated list
+    /// selects [`redlock`](Self::redlock). When the variable is unset or empty, `init` fails with
+    /// `LockError::Config { field: "LOCK_REDIS_URL", .. }`; use [`from_env_or`](Self::from_env_or)
+    /// to choose a fallback explicitly.
+    pub fn from_env() -> Self {
+        match std::env::var(ENV_URL) {
+            Ok(value) => Self::from_url_list(&value),
+            Err(_) => Self::with_backend(BackendConfig::EnvMissing),
+        }
+    }
+
+    /// Like [`from_env`](Self::from_env), but uses `fallback` when `LOCK_REDIS_URL` is unset or empty.
+    pub fn from_env_or(fallback: LockConfig) -> Self {
+        match Self::from_env() {
+            LockConfig {
+                backend: BackendConfig::EnvMissing,
+                ..
+            } => fallback,
+            config => config,
+        }
+    }
+
+    fn from_url_list(value: &str) -> Self {
+        let urls: Vec<&str> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        match urls.as_slice() {
+            [] => Self::with_backend(BackendConfig::EnvMissing),
+            [one] => Self::single(*one),
+            many => Self::redlock(many.iter().copied()),
+        }
+    }
+
+    /// Prefix put in front of every lock key in Redis (default `"lock:"`). Lets an ACL user be
+    /// limited to `~lock:*`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Time to live of a lock when the call site names none (default 30s). The lock is renewed
+    /// while held, so this bounds how long a crashed holder blocks others, not how long a body may run.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held lock when the call site names no `wait` (default 0: one attempt).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// Base delay between attempts while waiting when no release notification arrives
+    /// (default 100ms). A waiter never sleeps past the holder's remaining TTL.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// Random spread applied to `retry_delay`, as a fraction in `[0, 1]` (default 0.5: each delay is
+    /// drawn from 50%..150% of the base), so that waiters do not retry in lockstep.
+    pub fn retry_jitter(mut self, fraction: f64) -> Self {
+        self.retry_jitter = fraction;
+        self
+    }
+
+    /// How often a held lock is renewed (default: a third of its TTL). Must be shorter than the TTL.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// Clock drift allowance as a fraction of the TTL (default 0.01). A lock is considered valid
+    /// until `ttl - elapsed - (ttl * drift_factor + 2ms)`; past that without a confirmed renewal it is lost.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Timeout for establishing a connection to a node (default 1s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Timeout for one request to a node (default 500ms). In Redlock mode this is the per-node
+    /// timeout: a slow node never delays a decision the other nodes already allow.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Whether single-node locks carry a fencing token (default true). The token is a per-key
+    /// counter that lives in Redis forever (one small key per lock name); turn it off when lock
+    /// names are unbounded and nothing checks the token.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
+        self
+    }
+
+    /// The config with every value checked, and the URLs parsed.
+    pub(crate) fn validate(&self) -> Result<ValidConfig, LockError> {
+        let backend = match &self.backend {
+            BackendConfig::Single(url) => ValidBackend::Single(parse_url("url", url)?),
+            BackendConfig::Redlock(urls) => {
+                if urls.is_empty() {
+                    return Err(LockError::config("urls", "must name at least one node"));
+                }
+                let mut nodes: Vec<NodeAddr> = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let node = parse_url("urls", url)?;
+                    if nodes.iter().any(|n| n.same_node(&node)) {
+                        return Err(LockError::config(
+                            "urls",
+                            format!("names node {} twice", node.name),
+                        ));
+                    }
+                    nodes.push(node);
+                }
+                ValidBackend::Redlock(nodes)
+            }
+            BackendConfig::InMemory => ValidBackend::InMemory,
+            BackendConfig::EnvMissing => {
+                return Err(LockError::config(
+                    "LOCK_REDIS_URL",
+                    "is not set (expected one redis:// URL, or a comma-separated list for redlock)",
+                ));
+            }
+        };
+        positive("default_ttl", self.default_ttl)?;
+        positive("retry_delay", self.retry_delay)?;
+        positive("connect_timeout", self.connect_timeout)?;
+        positive("response_timeout", self.response_timeout)?;
+        if !(0.0..=1.0).contains(&self.retry_jitter) {
+            return Err(LockError::config("retry_jitter", "must be between 0 and 1"));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(LockError::config(
+                "drift_factor",
+                "must be at least 0 and below 0.5",
+            ));
+        }
+        if let Some(interval) = self.renew_interval {
+            positive("renew_interval", interval)?;
+            if interval >= self.default_ttl {
+                return Err(LockError::config(
+                    "renew_interval",
+                    format!(
+                        "must be shorter than default_ttl ({:?}), got {interval:?}",
+                        self.default_ttl
+                    ),
+                ));
+            }
+        }
+        if self.response_timeout >= self.default_ttl {
+            return Err(LockError::config(
+                "response_timeout",
+                format!(
+                    "must be shorter than default_ttl ({:?}) or no renewal could ever be confirmed",
+                    self.default_ttl
+                ),
+            ));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(LockError::config(
+                "key_prefix",
+                "must not contain `{` or `}` (the lock key carries the hash tag)",
+            ));
+        }
+        Ok(ValidConfig {
+            backend,
+            settings: Settings {
+                key_prefix: self.key_prefix.clone(),
+                default_ttl: self.default_ttl,
+                default_wait: self.default_wait,
+                retry_delay: self.retry_delay,
+                retry_jitter: self.retry_jitter,
+                renew_interval: self.renew_interval,
+                drift_factor: self.drift_factor,
+                connect_timeout: self.connect_timeout,
+                response_timeout: self.response_timeout,
+                fencing: self.fencing,
+            },
+        })
+    }
+}
+
+fn positive(field: &'static str, value: Duration) -> Result<(), LockError> {
+    if value.is_zero() {
+        Err(LockError::config(field, "must be greater than zero"))
+    } else {
+        Ok(())
+    }
+}
+
+impl Default for LockConfig {
+    /// Same as [`LockConfig::from_env`].
+    fn default() -> Self {
+        Self::from_env()
+    }
+}
+
+impl fmt::Debug for LockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let backend = match &self.backend {
+            BackendConfig::Single(url) => format!("single({})", redact(url)),
+            BackendConfig::Redlock(urls) => format!(
+                "redlock([{}])",
+                urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ")
+            ),
+            BackendConfig::InMemory => "in_memory".to_owned(),
+            BackendConfig::EnvMissing => format!("from_env({ENV_URL} unset)"),
+        };
+        f.debug_struct("LockConfig")
+            .field("backend", &format_args!("{backend}"))
+            .field("key_prefix", &self.key_prefix)
+            .field("default_ttl", &self.default_ttl)
+            .field("default_wait", &self.default_wait)
+            .field("retry_delay", &self.retry_delay)
+            .field("retry_jitter", &self.retry_jitter)
+            .field("renew_interval", &self.renew_interval)
+            .field("drift_factor", &self.drift_factor)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+/// A URL with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a url>".to_owned();
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => format!("{scheme}://{authority}{path}"),
+    }
+}
+
+/// A validated configuration, ready to build a client from.
+pub(crate) struct ValidConfig {
+    pub(crate) backend: ValidBackend,
+    pub(crate) settings: Settings,
+}
+
+pub(crate) enum ValidBackend {
+    Single(NodeAddr),
+    Redlock(Vec<NodeAddr>),
+    InMemory,
+}
+
+/// One parsed Redis node address.
+pub(crate) struct NodeAddr {
+    /// `host:port`, for error messages (never with credentials).
+    pub(crate) name: String,
+    pub(crate) info: redis::ConnectionInfo,
+}
+
+impl NodeAddr {
+    fn same_node(&self, other: &NodeAddr) -> bool {
+        self.name == other.name && self.info.redis_settings().db() == other.info.redis_settings().db()
+    }
+}
+
+/// The knobs every lock operation reads, after validation.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) key_prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: f64,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) drift_factor: f64,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) fencing: bool,
+}
+
+impl Settings {
+    /// The safety margin subtracted from a TTL for clock drift (Redlock's `ttl * factor + 2ms`).
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
+    }
+
+    /// How often a lock with this TTL is renewed.
+    pub(crate) fn renew_every(&self, ttl: Duration) -> Duration {
+        self.renew_interval.unwrap_or(ttl / 3)
+    }
+}
+
+fn parse_url(field: &'static str, url: &str) -> Result<NodeAddr, LockError> {
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    match scheme {
+        Some("redis") => {}
+        Some("rediss") if cfg!(feature = "tls") => {}
+        Some("rediss") => {
+            return Err(LockError::config(
+                field,
+                format!(
+                    "{} uses TLS; enable the `tls` feature of lock-runtime",
+                    redact(url)
+                ),
+            ));
+        }
+        _ => {
+            return Err(LockError::config(
+                field,
+                format!(
+                    "{} is not a redis:// or rediss:// URL",
+                    redact(url)
+                ),
+            ));
+        }
+    }
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+        LockError::config(
+            field,
+            format!("{} is not a valid redis URL: {}", redact(url), e.category()),
+        )
+    })?;
+    let name = info.addr().to_string();
+    Ok(NodeAddr { name, info })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(config: LockConfig) -> &'static str {
+        match config.validate() {
+            Err(LockError::Config { field, .. }) => field,
+            Err(other) => panic!("expected a config error, got {other:?}"),
+            Ok(_) => panic!("expected a config error, got a valid config"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert!(LockConfig::single("redis://127.0.0.1:6379/").validate().is_ok());
+        assert!(LockConfig::in_memory().validate().is_ok());
+        assert!(
+            LockConfig::redlock(["redis://127.0.0.1:1/", "redis://127.0.0.1:2/"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        assert_eq!(field(LockConfig::single("http://127.0.0.1/")), "url");
+        assert_eq!(field(LockConfig::single("127.0.0.1:6379")), "url");
+        assert_eq!(field(LockConfig::single("redis://127.0.0.1:6379/x")), "url");
+        assert_eq!(
+            field(LockConfig::in_memory().default_ttl(Duration::ZERO)),
+            "default_ttl"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().renew_interval(Duration::from_secs(30))),
+            "renew_interval"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().retry_delay(Duration::ZERO)),
+            "retry_delay"
+        );
+        assert_eq!(field(LockConfig::in_memory().retry_jitter(1.5)), "retry_jitter");
+        assert_eq!(field(LockConfig::in_memory().drift_factor(0.7)), "drift_factor");
+        assert_eq!(
+            field(LockConfig::in_memory().response_timeout(Duration::from_secs(60))),
+            "response_timeout"
+        );
+        assert_eq!(field(LockConfig::in_memory().key_prefix("a{b}")), "key_prefix");
+        assert_eq!(field(LockConfig::redlock(Vec::<String>::new())), "urls");
+        assert_eq!(
+            field(LockConfig::redlock([
+                "redis://127.0.0.1:7000/",
+                "redis://127.0.0.1:7000/"
+            ])),
+            "urls"
+        );
+        assert_eq!(field(LockConfig::from_url_list(" , ")), "LOCK_REDIS_URL");
+    }
+
+    #[test]
+    fn url_lists_pick_the_backend() {
+        assert!(matches!(
+            LockConfig::from_url_list("redis://a/").backend,
+            BackendConfig::Single(_)
+        ));
+        assert!(matches!(
+            LockConfig::from_url_list("redis://a/, redis://b/,redis://c/").backend,
+            BackendConfig::Redlock(ref urls) if urls.len() == 3
+        ));
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let config = LockConfig::redlock(["redis://user:hunter2@h1:6379/0", "redis://:hunter2@h2/"]);
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("user:***@h1:6379/0"), "{shown}");
+        let err = field(LockConfig::single("http://u:hunter2@h/"));
+        assert_eq!(err, "url");
+        let msg = LockConfig::single("http://u:hunter2@h/")
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!msg.contains("hunter2") && msg.contains("`url`"), "{msg}");
+    }
+}

@@ -1,0 +1,177 @@
+use std::fmt;
+use std::time::Duration;
+
+/// Why an operation on a lock failed.
+///
+/// Contention ([`LockError::Contended`]) and infrastructure failure ([`LockError::Unavailable`]) are
+/// never reported as one another: a Redis error, a timeout or a refused connection is `Unavailable`,
+/// and only an answer from Redis saying "someone else holds it" is `Contended`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Someone else holds the lock and `wait` ran out.
+    #[error("lock `{key}` is held by someone else (waited {waited:?})")]
+    Contended {
+        /// The lock's key, without the configured prefix.
+        key: String,
+        /// How long this call waited before giving up.
+        waited: Duration,
+    },
+    /// Redis could not be reached, answered with an error, or (Redlock) too many nodes failed for a
+    /// quorum to be possible. Carries each node's cause.
+    #[error("lock `{key}`: redis unavailable: {}", NodeFailures(causes))]
+    Unavailable {
+        /// The lock's key, without the configured prefix.
+        key: String,
+        /// One entry per node that failed.
+        causes: Vec<NodeFailure>,
+    },
+    /// The lock was lost while it was held: renewal was refused, the key expired or was deleted or
+    /// overwritten by someone else, or renewal could not be confirmed before the validity deadline.
+    #[error("lock `{key}` was lost while held")]
+    Lost {
+        /// The lock's key, without the configured prefix.
+        key: String,
+    },
+    /// [`init`](crate::init) was not called before a lock was taken through the global client.
+    #[error("lock_runtime::init was not called before using a lock")]
+    NotInitialized,
+    /// [`init`](crate::init) was called a second time after a successful call.
+    #[error("lock_runtime::init was already called")]
+    AlreadyInitialized,
+    /// The library's background runtime could not be started or stopped answering.
+    #[error("lock runtime failure: {reason}")]
+    Runtime {
+        /// What failed.
+        reason: String,
+    },
+    /// A configuration value is invalid.
+    #[error("invalid lock configuration: `{field}` {reason}")]
+    Config {
+        /// The field (builder method, argument or environment variable) that is wrong.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl LockError {
+    /// The key this error is about, when it is about one lock.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            LockError::Contended { key, .. }
+            | LockError::Unavailable { key, .. }
+            | LockError::Lost { key } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// True for [`LockError::Contended`].
+    pub fn is_contended(&self) -> bool {
+        matches!(self, LockError::Contended { .. })
+    }
+
+    pub(crate) fn config(field: &'static str, reason: impl Into<String>) -> Self {
+        LockError::Config {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What went wrong on one Redis node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFailure {
+    /// The node's address (`host:port`), never with credentials.
+    pub node: String,
+    /// The kind of failure.
+    pub kind: FailureKind,
+    /// Redis's or the OS's message, never containing tokens or passwords.
+    pub detail: String,
+}
+
+/// The kind of a [`NodeFailure`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// No answer within the configured response or connect timeout.
+    Timeout,
+    /// The connection could not be made or broke.
+    Io,
+    /// Wrong user name or password.
+    Auth,
+    /// The user lacks a permission (ACL) the lock needs.
+    Permission,
+    /// Redis answered with another error.
+    Response,
+}
+
+impl FailureKind {
+    /// Whether retrying the same operation later may succeed.
+    pub(crate) fn is_transient(self) -> bool {
+        matches!(self, FailureKind::Timeout | FailureKind::Io)
+    }
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            FailureKind::Timeout => "timed out",
+            FailureKind::Io => "connection failed",
+            FailureKind::Auth => "authentication failed",
+            FailureKind::Permission => "permission denied",
+            FailureKind::Response => "error reply",
+        };
+        write!(f, "{}: {kind}: {}", self.node, self.detail)
+    }
+}
+
+struct NodeFailures<'a>(&'a [NodeFailure]);
+
+impl fmt::Display for NodeFailures<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("no node answered");
+        }
+        for (i, cause) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{cause}")?;
+        }
+        Ok(())
+    }
+}
+
+impl NodeFailure {
+    pub(crate) fn timeout(node: &str, what: &str) -> Self {
+        NodeFailure {
+            node: node.to_owned(),
+            kind: FailureKind::Timeout,
+            detail: format!("no answer to {what} in time"),
+        }
+    }
+
+    pub(crate) fn from_redis(node: &str, err: &redis::RedisError) -> Self {
+        use redis::ErrorKind;
+        let kind = if err.is_timeout() {
+            FailureKind::Timeout
+        } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+            FailureKind::Io
+        } else {
+            match err.kind() {
+                ErrorKind::AuthenticationFailed => FailureKind::Auth,
+                _ => match err.code() {
+                    Some("NOAUTH" | "WRONGPASS") => FailureKind::Auth,
+                    Some("NOPERM") => FailureKind::Permission,
+                    _ => FailureKind::Response,
+                },
+            }
+        };
+        NodeFailure {
+            node: node.to_owned(),
+            kind,
+            detail: err.to_string(),
+        }
+    }
+}

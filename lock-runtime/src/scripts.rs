@@ -1,0 +1,54 @@
+//! The Lua scripts: one call per operation on one node. Keys only through `KEYS[]`, values only
+//! through `ARGV[]`, so the scripts are correct on Redis Cluster when the keys share a hash tag.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// KEYS: lock, fence. ARGV: token, ttl_ms, fencing ("1" or "0").
+/// Returns `{1, fence}` when the lock is ours (fence 0 when fencing is off), `{0, pttl}` when
+/// someone else holds it. Idempotent for one token: an attempt whose reply was lost can be sent
+/// again and answers "ours" (refreshing the TTL) instead of "held".
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '1' then return {1, redis.call('INCR', KEYS[2])} end
+  return {1, 0}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ARGV[3] == '1' then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
+  return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// KEYS: lock. ARGV: token, ttl_ms. Returns 1 when the TTL was reset, 0 when the lock is not ours.
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+",
+    )
+});
+
+/// KEYS: lock. ARGV: token, release channel. Deletes the lock when it is ours and wakes the
+/// waiters subscribed to the channel. Returns 1 when it was ours, 0 otherwise.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0
+",
+    )
+});

@@ -1,0 +1,185 @@
+//! Waiting for a held lock: release notifications and the jittered backoff between attempts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Settings;
+
+/// Per client: one wake-up signal per release channel that somebody in this process waits on.
+/// Node listeners (Redis pub/sub) and the in-memory backend bump a channel's signal on release.
+#[derive(Debug, Default)]
+pub(crate) struct WakeRegistry {
+    channels: Mutex<HashMap<String, Slot>>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    tx: watch::Sender<u64>,
+    waiters: usize,
+}
+
+impl WakeRegistry {
+    /// Starts watching `channel`: every later [`notify`](Self::notify) of it wakes the handle.
+    pub(crate) fn watch(self: &Arc<Self>, channel: &str) -> WakeHandle {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = channels.entry(channel.to_owned()).or_insert_with(|| Slot {
+            tx: watch::channel(0).0,
+            waiters: 0,
+        });
+        slot.waiters += 1;
+        WakeHandle {
+            rx: slot.tx.subscribe(),
+            registry: Arc::clone(self),
+            channel: channel.to_owned(),
+            subscriptions: Vec::new(),
+        }
+    }
+
+    /// A release happened on `channel`.
+    pub(crate) fn notify(&self, channel: &str) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = channels.get(channel) {
+            slot.tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every waiter, e.g. after a notification connection broke and releases may have been missed.
+    pub(crate) fn notify_all(&self) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in channels.values() {
+            slot.tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn forget(&self, channel: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = channels.get_mut(channel) {
+            slot.waiters -= 1;
+            if slot.waiters == 0 {
+                channels.remove(channel);
+            }
+        }
+    }
+}
+
+/// One waiter's view of a release channel. Dropping it unsubscribes.
+#[derive(Debug)]
+pub(crate) struct WakeHandle {
+    rx: watch::Receiver<u64>,
+    registry: Arc<WakeRegistry>,
+    channel: String,
+    subscriptions: Vec<NodeSubscription>,
+}
+
+impl WakeHandle {
+    /// Keeps a node's subscription alive for as long as this handle lives.
+    pub(crate) fn hold(&mut self, subscription: NodeSubscription) {
+        self.subscriptions.push(subscription);
+    }
+
+    /// Forget releases seen so far: call right before an attempt, so that a release after the
+    /// attempt's answer is seen by [`released`](Self::released).
+    pub(crate) fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Resolves at the next release after [`mark_seen`](Self::mark_seen).
+    pub(crate) async fn released(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for WakeHandle {
+    fn drop(&mut self) {
+        self.registry.forget(&self.channel);
+    }
+}
+
+/// A command to a node's notification listener.
+#[derive(Debug)]
+pub(crate) enum Listen {
+    /// Subscribe (reference-counted); the reply says whether the subscription is confirmed.
+    Subscribe(String, tokio::sync::oneshot::Sender<bool>),
+    Unsubscribe(String),
+}
+
+/// A waiter's reference to one node's subscription of a channel; dropping it unsubscribes.
+#[derive(Debug)]
+pub(crate) struct NodeSubscription {
+    pub(crate) listener: mpsc::UnboundedSender<Listen>,
+    pub(crate) channel: String,
+}
+
+impl Drop for NodeSubscription {
+    fn drop(&mut self) {
+        // The listener may be gone already (client dropped); nothing is left to undo then.
+        let _ = self
+            .listener
+            .send(Listen::Unsubscribe(std::mem::take(&mut self.channel)));
+    }
+}
+
+/// Delays between attempts while waiting: exponential from `retry_delay` up to 8x, each jittered.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    base: Duration,
+    jitter: f64,
+    step: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(settings: &Settings) -> Self {
+        Backoff {
+            base: settings.retry_delay,
+            jitter: settings.retry_jitter,
+            step: 0,
+        }
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let nominal = self.base * (1 << self.step.min(3));
+        self.step += 1;
+        nominal.mul_f64(1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_inside_bounds() {
+        let settings = crate::LockConfig::in_memory()
+            .retry_delay(Duration::from_millis(100))
+            .validate()
+            .map(|c| c.settings);
+        let Ok(settings) = settings else {
+            panic!("valid config")
+        };
+        let mut backoff = Backoff::new(&settings);
+        let delays: Vec<Duration> = (0..6).map(|_| backoff.next_delay()).collect();
+        for (i, d) in delays.iter().enumerate() {
+            let nominal = Duration::from_millis(100) * (1 << i.min(3));
+            assert!(*d >= nominal / 2 && *d <= nominal * 3 / 2, "{i}: {d:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_release_after_mark_seen_wakes_the_waiter() {
+        let registry = Arc::new(WakeRegistry::default());
+        let mut handle = registry.watch("c");
+        registry.notify("c");
+        handle.mark_seen();
+        registry.notify("c");
+        tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken"));
+        drop(handle);
+        assert!(registry.channels.lock().map(|c| c.is_empty()).unwrap_or(false));
+    }
+}

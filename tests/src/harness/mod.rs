@@ -1,0 +1,5 @@
+//! Processes and sockets the integration tests run against.
+
+pub(crate) mod proxy;
+pub(crate) mod server;
+pub(crate) mod util;
