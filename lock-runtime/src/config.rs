@@ -298,7 +298,10 @@ impl fmt::Debug for LockConfig {
             BackendConfig::Single(url) => format!("single({})", redact(url)),
             BackendConfig::Redlock(urls) => format!(
                 "redlock([{}])",
-                urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ")
+                urls.iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             BackendConfig::InMemory => "in_memory".to_owned(),
             BackendConfig::EnvMissing => format!("from_env({ENV_URL} unset)"),
@@ -358,7 +361,8 @@ pub(crate) struct NodeAddr {
 
 impl NodeAddr {
     fn same_node(&self, other: &NodeAddr) -> bool {
-        self.name == other.name && self.info.redis_settings().db() == other.info.redis_settings().db()
+        self.name == other.name
+            && self.info.redis_settings().db() == other.info.redis_settings().db()
     }
 }
 
@@ -406,10 +410,7 @@ fn parse_url(field: &'static str, url: &str) -> Result<NodeAddr, LockError> {
         _ => {
             return Err(LockError::config(
                 field,
-                format!(
-                    "{} is not a redis:// or rediss:// URL",
-                    redact(url)
-                ),
+                format!("{} is not a redis:// or rediss:// URL", redact(url)),
             ));
         }
     }
@@ -437,7 +438,11 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        assert!(LockConfig::single("redis://127.0.0.1:6379/").validate().is_ok());
+        assert!(
+            LockConfig::single("redis://127.0.0.1:6379/")
+                .validate()
+                .is_ok()
+        );
         assert!(LockConfig::in_memory().validate().is_ok());
         assert!(
             LockConfig::redlock(["redis://127.0.0.1:1/", "redis://127.0.0.1:2/"])
@@ -463,13 +468,22 @@ mod tests {
             field(LockConfig::in_memory().retry_delay(Duration::ZERO)),
             "retry_delay"
         );
-        assert_eq!(field(LockConfig::in_memory().retry_jitter(1.5)), "retry_jitter");
-        assert_eq!(field(LockConfig::in_memory().drift_factor(0.7)), "drift_factor");
+        assert_eq!(
+            field(LockConfig::in_memory().retry_jitter(1.5)),
+            "retry_jitter"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().drift_factor(0.7)),
+            "drift_factor"
+        );
         assert_eq!(
             field(LockConfig::in_memory().response_timeout(Duration::from_secs(60))),
             "response_timeout"
         );
-        assert_eq!(field(LockConfig::in_memory().key_prefix("a{b}")), "key_prefix");
+        assert_eq!(
+            field(LockConfig::in_memory().key_prefix("a{b}")),
+            "key_prefix"
+        );
         assert_eq!(field(LockConfig::redlock(Vec::<String>::new())), "urls");
         assert_eq!(
             field(LockConfig::redlock([
@@ -495,7 +509,8 @@ mod tests {
 
     #[test]
     fn passwords_never_show() {
-        let config = LockConfig::redlock(["redis://user:hunter2@h1:6379/0", "redis://:hunter2@h2/"]);
+        let config =
+            LockConfig::redlock(["redis://user:hunter2@h1:6379/0", "redis://:hunter2@h2/"]);
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("user:***@h1:6379/0"), "{shown}");

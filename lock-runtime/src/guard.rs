@@ -20,7 +20,12 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(crate) fn new(keys: Arc<LockKeys>, token: Token, ttl: Duration, fence: Option<u64>) -> Self {
+    pub(crate) fn new(
+        keys: Arc<LockKeys>,
+        token: Token,
+        ttl: Duration,
+        fence: Option<u64>,
+    ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Held {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),

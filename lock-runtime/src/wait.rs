@@ -180,6 +180,12 @@ mod tests {
             .await
             .unwrap_or_else(|_| panic!("not woken"));
         drop(handle);
-        assert!(registry.channels.lock().map(|c| c.is_empty()).unwrap_or(false));
+        assert!(
+            registry
+                .channels
+                .lock()
+                .map(|c| c.is_empty())
+                .unwrap_or(false)
+        );
     }
 }

@@ -89,9 +89,13 @@ impl fmt::Debug for Token {
 /// The answer to one acquire attempt.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    Acquired { fence: Option<u64> },
+    Acquired {
+        fence: Option<u64>,
+    },
     /// Someone else holds it; `pttl` is its remaining time to live when known.
-    Held { pttl: Option<Duration> },
+    Held {
+        pttl: Option<Duration>,
+    },
 }
 
 /// The answer to one extension.
@@ -228,11 +232,9 @@ impl LockClient {
             ValidBackend::Redlock(addrs) if addrs.len() == 1 => {
                 Backend::Single(RedisNode::new(&addrs[0], &settings, Arc::clone(&wakers))?)
             }
-            ValidBackend::Redlock(addrs) => Backend::Redlock(Redlock::new(
-                &addrs,
-                &settings,
-                Arc::clone(&wakers),
-            )?),
+            ValidBackend::Redlock(addrs) => {
+                Backend::Redlock(Redlock::new(&addrs, &settings, Arc::clone(&wakers))?)
+            }
             ValidBackend::InMemory => Backend::Memory(MemoryStore::new(Arc::clone(&wakers))),
         };
         let backend = Arc::new(backend);
@@ -340,7 +342,13 @@ impl LockClient {
                 Ok(Attempt::Acquired { fence }) => {
                     let valid_until = attempt_start + ttl.saturating_sub(settings.drift(ttl));
                     if valid_until > now {
-                        break Ok(self.guard(Arc::clone(&keys), token.clone(), ttl, fence, valid_until));
+                        break Ok(self.guard(
+                            Arc::clone(&keys),
+                            token.clone(),
+                            ttl,
+                            fence,
+                            valid_until,
+                        ));
                     }
                     // Granted too slowly to be of use: not a success.
                     unsure = true;

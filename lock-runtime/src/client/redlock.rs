@@ -167,7 +167,12 @@ impl Redlock {
     ) -> tokio::sync::mpsc::UnboundedReceiver<Result<bool, NodeFailure>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         for node in &self.nodes {
-            let (node, keys, token, tx) = (Arc::clone(node), Arc::clone(keys), token.clone(), tx.clone());
+            let (node, keys, token, tx) = (
+                Arc::clone(node),
+                Arc::clone(keys),
+                token.clone(),
+                tx.clone(),
+            );
             tokio::spawn(async move {
                 let _ = tx.send(node.release(&keys, &token).await);
             });

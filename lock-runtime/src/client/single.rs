@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
 use redis::RedisError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Attempt, ExtendOutcome, LockKeys, Token};
@@ -34,7 +34,9 @@ pub(crate) struct RedisNode {
 
 impl std::fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisNode").field("node", &self.name).finish()
+        f.debug_struct("RedisNode")
+            .field("node", &self.name)
+            .finish()
     }
 }
 
@@ -143,14 +145,20 @@ impl RedisNode {
         let mut pipe = redis::pipe();
         for (keys, token, ttl) in chunk {
             let mut invocation = scripts::EXTEND.prepare_invoke();
-            invocation.key(&keys.lock).arg(token.as_str()).arg(millis(*ttl));
+            invocation
+                .key(&keys.lock)
+                .arg(token.as_str())
+                .arg(millis(*ttl));
             pipe.invoke_script(&invocation);
         }
         let mut conn = self.conn.clone();
-        let first = tokio::time::timeout(self.deadline, pipe.query_async::<Vec<i64>>(&mut conn)).await;
+        let first =
+            tokio::time::timeout(self.deadline, pipe.query_async::<Vec<i64>>(&mut conn)).await;
         match first {
             Ok(Ok(replies)) => Ok(replies),
-            Ok(Err(err)) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Ok(Err(err))
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
                 // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
                 self.bounded("script load", scripts::EXTEND.load_async(&mut conn))
                     .await?;
@@ -162,7 +170,11 @@ impl RedisNode {
     }
 
     /// `Ok(true)` when the lock was ours and is now deleted.
-    pub(crate) async fn release(&self, keys: &LockKeys, token: &Token) -> Result<bool, NodeFailure> {
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> Result<bool, NodeFailure> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation
@@ -294,7 +306,8 @@ async fn connect(
     connect_timeout: Duration,
     response_timeout: Duration,
 ) -> bool {
-    let Ok(Ok(pubsub)) = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await else {
+    let Ok(Ok(pubsub)) = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await
+    else {
         return false;
     };
     let (mut sink, stream) = pubsub.split();
