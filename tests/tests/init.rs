@@ -1,0 +1,74 @@
+//! The process-wide client: `init` once, failures leave the process uninitialised, bad values
+//! name their field. One test, because the global client is per process.
+
+use std::time::Duration;
+
+use lock_runtime::{Lock, LockClient, LockConfig, LockError};
+
+fn field(result: Result<impl std::fmt::Debug, LockError>) -> &'static str {
+    match result {
+        Err(LockError::Config { field, .. }) => field,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn init_once_and_config_errors_name_the_field() {
+    assert!(matches!(
+        Lock::new("init:before").acquire().await,
+        Err(LockError::NotInitialized)
+    ));
+    assert!(matches!(
+        Lock::new("init:before").acquire_blocking(),
+        Err(LockError::NotInitialized)
+    ));
+
+    // A failed init leaves the process uninitialised...
+    assert_eq!(field(lock_runtime::init(LockConfig::single("http://127.0.0.1/"))), "url");
+    assert_eq!(
+        field(lock_runtime::init(
+            LockConfig::in_memory().default_ttl(Duration::ZERO)
+        )),
+        "default_ttl"
+    );
+    assert!(matches!(
+        Lock::new("init:after-failure").acquire().await,
+        Err(LockError::NotInitialized)
+    ));
+    // ... so a later valid one works, and a second successful one is refused.
+    lock_runtime::init(LockConfig::in_memory()).unwrap();
+    assert!(matches!(
+        lock_runtime::init(LockConfig::in_memory()),
+        Err(LockError::AlreadyInitialized)
+    ));
+    let guard = Lock::new("init:ok").acquire().await.unwrap();
+    guard.release().await.unwrap();
+
+    // Per-lock values are checked when the lock is taken.
+    assert_eq!(field(Lock::new("init:ttl").ttl(Duration::ZERO).acquire().await), "ttl");
+    assert_eq!(field(Lock::new("").acquire().await), "key");
+    let client = LockClient::new(
+        LockConfig::in_memory().renew_interval(Duration::from_millis(200)),
+    )
+    .unwrap();
+    assert_eq!(
+        field(client.lock("init:short").ttl(Duration::from_millis(100)).acquire().await),
+        "ttl"
+    );
+    for (config, expected) in [
+        (LockConfig::single("redis://127.0.0.1:6379/notanumber"), "url"),
+        (LockConfig::redlock(Vec::<String>::new()), "urls"),
+        (
+            LockConfig::redlock(["redis://127.0.0.1:1/", "redis://127.0.0.1:1/"]),
+            "urls",
+        ),
+        (LockConfig::in_memory().retry_delay(Duration::ZERO), "retry_delay"),
+        (LockConfig::in_memory().drift_factor(-0.1), "drift_factor"),
+        (
+            LockConfig::in_memory().renew_interval(Duration::from_secs(31)),
+            "renew_interval",
+        ),
+    ] {
+        assert_eq!(field(LockClient::new(config)), expected);
+    }
+}
