@@ -1,6 +1,173 @@
 //! Distributed locks on Redis behind one attribute.
 //!
-//! (Crate documentation is completed with the attribute; see README.md.)
+//! ```no_run
+//! use lock_runtime::{distributed_lock, LockConfig, LockError};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum WalletError {
+//!     #[error(transparent)]
+//!     Lock(#[from] LockError),
+//!     #[error("insufficient funds")]
+//!     Insufficient,
+//! }
+//!
+//! #[distributed_lock(key = "wallet:<user_id>", ttl = "10s", wait = "5s")]
+//! async fn withdraw(user_id: u64, amount: u64) -> Result<u64, WalletError> {
+//!     // Only one caller per user id runs this, across every process that shares the Redis.
+//!     # let balance = 100;
+//!     if amount > balance { return Err(WalletError::Insufficient); }
+//!     Ok(balance - amount)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), WalletError> {
+//!     lock_runtime::init(LockConfig::single("redis://127.0.0.1:6379/"))?;  // once, at startup
+//!     let left = withdraw(42, 30).await?;
+//!     println!("{left} left");
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Around the body the attribute renders the key, acquires the lock (waiting up to `wait`), renews
+//! it while the body runs, and releases it when the body returns, panics or is cancelled. When the
+//! lock cannot be had, the body does not run and the function returns the error instead.
+//!
+//! # The attribute
+//!
+//! `#[distributed_lock(key = "...", ttl = "...", wait = "...", guard = NAME, crate = "path")]`
+//!
+//! | argument | required | meaning | default |
+//! |---|---|---|---|
+//! | `key` | yes | the lock's name: a template, see below | |
+//! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"`; renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
+//! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
+//! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |
+//! | `crate` | no | path of this crate when it is re-exported, e.g. `crate = "my_lib::locks"` | `::lock_runtime` |
+//!
+//! Durations are checked at compile time; a zero `ttl` is a compile error. There is no infinite
+//! default: every lock expires if its holder dies.
+//!
+//! ## Key templates
+//!
+//! - `<name>`: a parameter, rendered with `Display`: `key = "wallet:<user_id>"`.
+//! - `<name.field.sub>`: a field path: `key = "order:<order.id>"`.
+//! - `<self.field>`: a field of the receiver, in methods: `key = "shard:<self.shard_id>"`.
+//! - Everything else is literal, including braces, so `key = "{tenant}:<id>"` keeps the Redis
+//!   Cluster hash tag `{tenant}`.
+//!
+//! Parts are rendered from borrows before the body runs: arguments are neither moved nor cloned.
+//! An unknown name, `<>`, an unterminated `<`, or `<self..>` outside a method is a compile error
+//! naming the placeholder and listing the parameters.
+//!
+//! ## Sync and async functions
+//!
+//! Both work, as free functions, inherent or trait-impl methods (`&self`, `&mut self`, `self`),
+//! with generics, `where` clauses, `impl Trait` arguments, and native `async fn` in traits. The
+//! body stays in your function, so `return` and `?` mean what they did. An async function's future
+//! is `Send` when its body's is. A sync function blocks its thread while it waits for the lock, and
+//! may be called from async code (it blocks that thread, never panics).
+//!
+//! The return type must be `Result<T, E>` with `E: From<LockError>`: [`LockError`] itself,
+//! your own error with a `#[from] LockError` variant, `anyhow::Error`, or
+//! `Box<dyn std::error::Error + Send + Sync>`. Anything else is a compile error that says so.
+//!
+//! # Errors
+//!
+//! | error | when | the body |
+//! |---|---|---|
+//! | [`LockError::Contended`] `{ key, waited }` | someone else holds the lock and `wait` ran out | did not run |
+//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission; in Redlock mode, too many nodes failed for a quorum | did not run |
+//! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, or renewal not confirmed before the lock's validity ran out) | async: stopped at its next `.await`; sync: ran to the end, its result is replaced |
+//! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
+//! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`) | did not run |
+//!
+//! Infrastructure failures are never reported as contention: `Contended` means Redis answered
+//! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
+//! [`FailureKind`] (`Timeout`, `Io`, `Auth`, `Permission`, `Response`).
+//!
+//! # Renewal and loss
+//!
+//! While the body runs, the lock is extended every third of its TTL (see
+//! [`LockConfig::renew_interval`]) by one background driver per client, which batches all due
+//! locks into one pipeline per node: holding 10,000 locks costs a few round trips per tick, not
+//! 10,000 tasks. A lock is declared lost when Redis says it is no longer ours, or when its validity
+//! deadline (`ttl - elapsed - drift`, measured on a monotonic clock from the last confirmed
+//! renewal) passes without a confirmed renewal. One failed request is retried, not a loss.
+//!
+//! On loss an async body is cancelled at its next `.await` and the call returns `Err(Lost)`; a
+//! sync body cannot be interrupted, so it runs to the end and the call returns `Err(Lost)`; it
+//! can check `guard.is_lost()` itself between steps. If the body had already finished, a release
+//! that finds the lock gone also returns `Err(Lost)`: the body may not have been alone.
+//!
+//! Releasing happens when the body returns, when it panics (the panic continues), and when an
+//! async call's future is dropped: promptly, not after the TTL.
+//!
+//! # Configuration
+//!
+//! Call [`init`] once at startup with one of:
+//!
+//! - [`LockConfig::single`]`("redis://[user:pass@]host:port/db")`: one Redis master
+//!   (`rediss://` with the `tls` feature).
+//! - [`LockConfig::redlock`]`([url, url, url])`: the Redlock algorithm over independent masters.
+//! - [`LockConfig::in_memory`]`()`: one process only; tests, demos, single-instance deployments.
+//! - [`LockConfig::from_env`]`()`: `LOCK_REDIS_URL`, one URL for single, a comma-separated list for
+//!   Redlock; [`LockConfig::from_env_or`] picks a fallback when it is unset.
+//!
+//! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
+//! jitter, renew interval, drift factor, connect and response timeouts, and fencing. `init`
+//! validates everything (a bad value is `LockError::Config` naming the field) but does not
+//! connect: connections are made on first use. Passwords never appear in `Debug` or errors, and
+//! lock tokens are never logged.
+//!
+//! # The same code without the macro
+//!
+//! [`Lock`] is what the attribute expands to, for code that cannot use an attribute:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_runtime::{Lock, LockError};
+//!
+//! async fn withdraw(user_id: u64, amount: u64) -> Result<u64, LockError> {
+//!     let guard = Lock::new(format!("wallet:{user_id}"))
+//!         .ttl(Duration::from_secs(10))
+//!         .wait(Duration::from_secs(5))
+//!         .acquire()
+//!         .await?; // Contended / Unavailable: the body does not run
+//!     let body = async move {
+//!         // critical section
+//!         Ok::<u64, LockError>(100 - amount)
+//!     };
+//!     let out = tokio::select! {
+//!         out = body => Some(out),
+//!         () = guard.lost() => None, // cancelled on loss
+//!     };
+//!     let released = guard.release().await; // Err(Lost) if it was no longer ours
+//!     match (out, released) {
+//!         (_, Err(lost @ LockError::Lost { .. })) => Err(lost),
+//!         (None, _) => Err(LockError::Lost { key: format!("wallet:{user_id}") }),
+//!         // A release that cannot reach Redis does not undo a finished body: the TTL frees the lock.
+//!         (Some(out), _) => out,
+//!     }
+//! }
+//! ```
+//!
+//! Sync code uses [`Lock::acquire_blocking`] and [`LockGuard::release_blocking`]. A
+//! [`LockClient`] does the same against an explicit backend instead of the global one.
+//!
+//! # Guarantees and limits
+//!
+//! - Single node: mutual exclusion while the node keeps the key and the holder finishes within the
+//!   validity; the fencing token (a per-key counter, strictly increasing) lets a resource reject a
+//!   holder that has been superseded. A failover to a replica that missed the write can grant the
+//!   lock twice: use fencing, or Redlock.
+//! - Redlock: mutual exclusion under Redlock's assumptions (independent nodes, bounded clock rate
+//!   error, restarts delayed by a TTL or `appendfsync always`); survives the loss of a minority of
+//!   nodes. [`LockGuard::fencing_token`] is `None`: no counter is monotonic across independent
+//!   nodes.
+//! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a 128-bit
+//!   random token) extends or releases; loss is signalled; no orphan locks after cancellation or
+//!   panic; contention and failure are distinct errors.
+//! - In memory: the same semantics inside one process, nothing across processes.
 
 mod client;
 mod config;
@@ -21,4 +188,5 @@ pub use error::{FailureKind, LockError, NodeFailure};
 pub use global::init;
 pub use guard::LockGuard;
 pub use lock::Lock;
+/// Runs a function body while holding a distributed lock. See the [crate documentation](crate).
 pub use lock_macros::distributed_lock;

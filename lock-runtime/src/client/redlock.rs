@@ -2,11 +2,13 @@
 //! while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
 //! as soon as the quorum is won or can no longer be won: a slow or frozen minority never delays it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
 
 use super::{Attempt, ExtendOutcome, LockKeys, RedisNode, Token};
 use crate::config::{NodeAddr, Settings};
@@ -17,7 +19,14 @@ use crate::wait::{NodeSubscription, WakeRegistry};
 pub(crate) struct Redlock {
     nodes: Vec<Arc<RedisNode>>,
     quorum: usize,
+    releasing: Arc<Mutex<HashMap<AttemptKey, Releases>>>,
 }
+
+/// A lock key and the token of one acquire call (which keeps its token across attempts).
+type AttemptKey = (String, String);
+
+/// One "done" signal per node (in node order) for the releases sent after a failed attempt.
+type Releases = Arc<[CancellationToken]>;
 
 impl Redlock {
     pub(crate) fn new(
@@ -32,23 +41,43 @@ impl Redlock {
         Ok(Redlock {
             quorum: nodes.len() / 2 + 1,
             nodes,
+            releasing: Arc::default(),
         })
     }
 
     /// Acquires on a quorum. On failure the token is released on every node, including those whose
     /// grant arrives after the decision (the release is queued behind the acquire on the same
     /// connection, so it cannot overtake it).
+    ///
+    /// Failure is `Err` (unavailable) when more nodes failed than a quorum can spare, whatever the
+    /// others answered, and `Held` (contended) otherwise. The answer is given as soon as it is
+    /// settled, so a frozen minority never delays it, and never depends on which node answers first.
     pub(crate) async fn acquire(
         &self,
         keys: &Arc<LockKeys>,
         token: &Token,
         ttl: Duration,
     ) -> Result<Attempt, Vec<NodeFailure>> {
+        let attempt_key = (keys.lock.clone(), token.as_str().to_owned());
+        let previous = self.previous_releases(&attempt_key);
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
-            .map(|node| node.acquire(keys, token, ttl, false))
+            .enumerate()
+            .map(|(i, node)| {
+                let before = previous.as_ref().map(|p| p[i].clone());
+                async move {
+                    // A previous attempt's release carries this same token: were it to land after
+                    // this grant, it would delete a grant counted here.
+                    if let Some(before) = before {
+                        before.cancelled().await;
+                    }
+                    node.acquire(keys, token, ttl, false).await
+                }
+            })
             .collect();
+        // How many nodes may fail or refuse while a quorum is still possible.
+        let spare = self.nodes.len() - self.quorum;
         let mut won = 0;
         let mut shortest_pttl: Option<Duration> = None;
         let mut failures = Vec::new();
@@ -62,7 +91,11 @@ impl Redlock {
                 }
                 Err(failure) => failures.push(failure),
             }
-            if won >= self.quorum || won + pending.len() < self.quorum {
+            let lost = won + pending.len() < self.quorum;
+            // Contended for sure: even if every node still pending fails, the failures alone
+            // would not have ruled out a quorum.
+            let contended = lost && failures.len() + pending.len() <= spare;
+            if won >= self.quorum || failures.len() > spare || contended {
                 break;
             }
         }
@@ -70,15 +103,69 @@ impl Redlock {
         if won >= self.quorum {
             return Ok(Attempt::Acquired { fence: None });
         }
-        self.release_everywhere(keys, token);
-        if self.nodes.len() - failures.len() < self.quorum {
-            // Too many nodes failed for a quorum to be possible, whatever the others answered.
+        self.release_after_failed_attempt(attempt_key, previous, keys, token);
+        if failures.len() > spare {
             Err(failures)
         } else {
             Ok(Attempt::Held {
                 pttl: shortest_pttl,
             })
         }
+    }
+
+    fn previous_releases(&self, attempt_key: &AttemptKey) -> Option<Releases> {
+        self.releasing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(attempt_key)
+            .cloned()
+    }
+
+    /// Releases a failed attempt's token on every node in the background. The next attempt with
+    /// the same token waits, per node, until that node's release is answered (or failed), so a
+    /// slow node never delays the next decision and a late release never deletes a newer grant.
+    fn release_after_failed_attempt(
+        &self,
+        attempt_key: AttemptKey,
+        previous: Option<Releases>,
+        keys: &Arc<LockKeys>,
+        token: &Token,
+    ) {
+        let done: Releases = self
+            .nodes
+            .iter()
+            .map(|_| CancellationToken::new())
+            .collect();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let before = previous.as_ref().map(|p| p[i].clone());
+            let (node, keys, token) = (Arc::clone(node), Arc::clone(keys), token.clone());
+            let done = done[i].clone().drop_guard();
+            tokio::spawn(async move {
+                let _done = done;
+                if let Some(before) = before {
+                    before.cancelled().await;
+                }
+                let _ = node.release(&keys, &token).await;
+            });
+        }
+        self.releasing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(attempt_key.clone(), Arc::clone(&done));
+        // Forget the entry once every node answered, unless a later attempt replaced it.
+        let releasing = Arc::clone(&self.releasing);
+        tokio::spawn(async move {
+            for node_done in done.iter() {
+                node_done.cancelled().await;
+            }
+            let mut releasing = releasing.lock().unwrap_or_else(PoisonError::into_inner);
+            if releasing
+                .get(&attempt_key)
+                .is_some_and(|current| Arc::ptr_eq(current, &done))
+            {
+                releasing.remove(&attempt_key);
+            }
+        });
     }
 
     /// Extends on every node in parallel; a lock is extended when a quorum confirms it, and not
