@@ -496,6 +496,18 @@ mod tests {
     }
 
     #[test]
+    fn tls_urls_need_the_feature() {
+        let result = LockConfig::single("rediss://:hunter2@127.0.0.1:6380/").validate();
+        if cfg!(feature = "tls") {
+            assert!(result.is_ok());
+        } else {
+            let msg = result.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(msg.contains("`url`") && msg.contains("`tls` feature"), "{msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+    }
+
+    #[test]
     fn url_lists_pick_the_backend() {
         assert!(matches!(
             LockConfig::from_url_list("redis://a/").backend,
