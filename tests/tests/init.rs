@@ -24,7 +24,10 @@ async fn init_once_and_config_errors_name_the_field() {
     ));
 
     // A failed init leaves the process uninitialised...
-    assert_eq!(field(lock_runtime::init(LockConfig::single("http://127.0.0.1/"))), "url");
+    assert_eq!(
+        field(lock_runtime::init(LockConfig::single("http://127.0.0.1/"))),
+        "url"
+    );
     assert_eq!(
         field(lock_runtime::init(
             LockConfig::in_memory().default_ttl(Duration::ZERO)
@@ -45,24 +48,38 @@ async fn init_once_and_config_errors_name_the_field() {
     guard.release().await.unwrap();
 
     // Per-lock values are checked when the lock is taken.
-    assert_eq!(field(Lock::new("init:ttl").ttl(Duration::ZERO).acquire().await), "ttl");
-    assert_eq!(field(Lock::new("").acquire().await), "key");
-    let client = LockClient::new(
-        LockConfig::in_memory().renew_interval(Duration::from_millis(200)),
-    )
-    .unwrap();
     assert_eq!(
-        field(client.lock("init:short").ttl(Duration::from_millis(100)).acquire().await),
+        field(Lock::new("init:ttl").ttl(Duration::ZERO).acquire().await),
+        "ttl"
+    );
+    assert_eq!(field(Lock::new("").acquire().await), "key");
+    let client =
+        LockClient::new(LockConfig::in_memory().renew_interval(Duration::from_millis(200)))
+            .unwrap();
+    assert_eq!(
+        field(
+            client
+                .lock("init:short")
+                .ttl(Duration::from_millis(100))
+                .acquire()
+                .await
+        ),
         "ttl"
     );
     for (config, expected) in [
-        (LockConfig::single("redis://127.0.0.1:6379/notanumber"), "url"),
+        (
+            LockConfig::single("redis://127.0.0.1:6379/notanumber"),
+            "url",
+        ),
         (LockConfig::redlock(Vec::<String>::new()), "urls"),
         (
             LockConfig::redlock(["redis://127.0.0.1:1/", "redis://127.0.0.1:1/"]),
             "urls",
         ),
-        (LockConfig::in_memory().retry_delay(Duration::ZERO), "retry_delay"),
+        (
+            LockConfig::in_memory().retry_delay(Duration::ZERO),
+            "retry_delay",
+        ),
         (LockConfig::in_memory().drift_factor(-0.1), "drift_factor"),
         (
             LockConfig::in_memory().renew_interval(Duration::from_secs(31)),

@@ -29,9 +29,17 @@ async fn ten_thousand_locks_stay_held() {
     let held_since = Instant::now();
     tokio::time::sleep(ttl * 5 / 2).await;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
-    assert_eq!(lost, 0, "{lost} of 10,000 locks lost after {:?}", held_since.elapsed());
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of 10,000 locks lost after {:?}",
+        held_since.elapsed()
+    );
     let mut admin = server.admin();
-    let calls: String = redis::cmd("INFO").arg("commandstats").query(&mut admin).unwrap();
+    let calls: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut admin)
+        .unwrap();
     let evalsha = calls
         .lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
@@ -49,7 +57,12 @@ async fn ten_thousand_locks_stay_held() {
         .into_iter()
         .filter(|k| !k.ends_with(":fence"))
         .collect();
-    assert!(left.is_empty(), "{} lock keys left, e.g. {:?}", left.len(), left.first());
+    assert!(
+        left.is_empty(),
+        "{} lock keys left, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
 }
 
 /// The key's TTL in Redis is pushed forward while held, and never lapses.

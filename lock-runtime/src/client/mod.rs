@@ -358,7 +358,8 @@ impl LockClient {
                     )]
                 }
                 Ok(Attempt::Held { pttl }) => {
-                    unsure = false;
+                    // `unsure` stays set: after a reconnect, an earlier attempt may still land
+                    // behind this answer. A release by token is harmless if it never did.
                     if now >= give_up {
                         break Err(LockError::Contended {
                             key: keys.name.clone(),

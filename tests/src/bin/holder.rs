@@ -1,0 +1,57 @@
+//! Test helper for `tests/processes.rs` and `tests/faults.rs`: takes one lock and holds it until killed.
+//!
+//! Usage: `holder <redis-url> <key> <ttl-ms>`. Prints `acquired fence=<n>` on stdout once the lock is
+//! held (the renewal driver keeps it alive from then on), then sleeps until the process is killed.
+//! Exits with 2 on bad arguments, 3 when the lock cannot be taken.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockConfig};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, key, ttl_ms] = args.as_slice() else {
+        eprintln!("usage: holder <redis-url> <key> <ttl-ms>");
+        return ExitCode::from(2);
+    };
+    let Ok(ttl_ms) = ttl_ms.parse::<u64>() else {
+        eprintln!("holder: ttl-ms must be a number of milliseconds");
+        return ExitCode::from(2);
+    };
+    let client = match LockClient::new(LockConfig::single(url.as_str())) {
+        Ok(client) => client,
+        Err(err) => {
+            eprintln!("holder: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let guard = match client
+        .lock(key.as_str())
+        .ttl(Duration::from_millis(ttl_ms))
+        .acquire_blocking()
+    {
+        Ok(guard) => guard,
+        Err(err) => {
+            eprintln!("holder: {err}");
+            return ExitCode::from(3);
+        }
+    };
+    let fence = guard.fencing_token().unwrap_or(0);
+    let mut stdout = std::io::stdout().lock();
+    if writeln!(stdout, "acquired fence={fence}")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return ExitCode::from(3);
+    }
+    drop(stdout);
+    // Held (and renewed in the background) until SIGKILL; the guard is never dropped.
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+        if guard.is_lost() {
+            eprintln!("holder: lock lost");
+        }
+    }
+}

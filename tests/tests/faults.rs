@@ -1,0 +1,996 @@
+//! Single-node failure behaviour: Redis down, frozen or tampered with, a flaky link, unknown
+//! outcomes, cancellation and panics, a crashed holder process, bad credentials, and secrets that
+//! must never show in `Debug` output or logs.
+//!
+//! Timings are measured and printed (`--nocapture` shows them). Upper bounds are asserted only where
+//! the bound is the behaviour under test, and then generously.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
+use lock_tests::{FaultProxy, RedisServer, ServerOptions, free_port, unique_key};
+
+const POLL: Duration = Duration::from_millis(2);
+
+fn client(config: LockConfig) -> LockClient {
+    LockClient::new(config).expect("valid lock config")
+}
+
+/// The Redis key of lock `name` under the default prefix.
+fn redis_key(name: &str) -> String {
+    format!("lock:{{{name}}}")
+}
+
+fn exists(admin: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query(admin).unwrap()
+}
+
+fn get(admin: &mut redis::Connection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(admin).unwrap()
+}
+
+fn pttl(admin: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(admin).unwrap()
+}
+
+/// Polls `cond` every 2ms until it holds (`Some(time taken)`) or `timeout` passed (`None`).
+async fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= timeout {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits until `key` is gone from the server; panics after `timeout`. Returns the time it took.
+async fn wait_gone(server: &RedisServer, key: &str, timeout: Duration, what: &str) -> Duration {
+    let mut admin = server.admin();
+    wait_until(timeout, || !exists(&mut admin, key))
+        .await
+        .unwrap_or_else(|| panic!("{what}: {key} still exists after {timeout:?}"))
+}
+
+async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+fn causes(err: &LockError) -> &[lock_runtime::NodeFailure] {
+    match err {
+        LockError::Unavailable { causes, .. } => causes,
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Redis down
+
+#[tokio::test]
+async fn redis_down_is_unavailable_never_contended() {
+    // Nobody listens on this port.
+    let url = format!("redis://127.0.0.1:{}/", free_port());
+    let locks = client(LockConfig::single(&url));
+    let key = unique_key("faults:down");
+
+    let started = Instant::now();
+    let err = bounded(
+        Duration::from_secs(10),
+        "acquire, wait 0",
+        locks.lock(&key).ttl(Duration::from_secs(5)).acquire(),
+    )
+    .await
+    .expect_err("acquired a lock without a server");
+    let took = started.elapsed();
+    eprintln!("no server, wait 0: {took:?} -> {err}");
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "expected Unavailable, got {err:?}"
+    );
+    assert!(!err.is_contended());
+    assert_eq!(err.key(), Some(key.as_str()));
+    let found = causes(&err);
+    assert!(!found.is_empty(), "Unavailable without a cause");
+    assert!(
+        found
+            .iter()
+            .all(|c| matches!(c.kind, FailureKind::Io | FailureKind::Timeout)),
+        "{found:?}"
+    );
+    assert!(took < Duration::from_secs(5), "wait 0 took {took:?}");
+
+    // With a wait, it keeps trying for about the wait, and still says Unavailable.
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let err = bounded(
+        Duration::from_secs(15),
+        "acquire, wait 1s",
+        locks
+            .lock(&key)
+            .ttl(Duration::from_secs(5))
+            .wait(wait)
+            .acquire(),
+    )
+    .await
+    .expect_err("acquired a lock without a server");
+    let took = started.elapsed();
+    eprintln!("no server, wait 1s: {took:?}");
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "expected Unavailable, got {err:?}"
+    );
+    assert!(took >= wait, "gave up after {took:?}, before the wait");
+    assert!(took < wait + Duration::from_secs(5), "took {took:?}");
+}
+
+#[tokio::test]
+async fn stopped_server_is_unavailable_and_recovers_after_restart() {
+    let mut server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:stopped");
+    // Connect first, so the failure is a broken established connection.
+    let guard = locks.lock(&key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+
+    server.stop();
+    let started = Instant::now();
+    let err = bounded(
+        Duration::from_secs(10),
+        "acquire on a stopped server",
+        locks.lock(&key).acquire(),
+    )
+    .await
+    .expect_err("acquired on a stopped server");
+    let took = started.elapsed();
+    eprintln!("stopped server, wait 0: {took:?} -> {err}");
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "expected Unavailable, got {err:?}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    server.restart();
+    let guard = bounded(
+        Duration::from_secs(10),
+        "acquire after restart",
+        locks.lock(&key).wait(Duration::from_secs(5)).acquire(),
+    )
+    .await
+    .expect("the client reconnects after a restart");
+    guard.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Redis frozen
+
+#[tokio::test]
+async fn frozen_server_loses_the_lock_at_the_validity_deadline_not_before() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:frozen");
+    let ttl = Duration::from_secs(1);
+
+    let started = Instant::now();
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    server.freeze();
+    bounded(Duration::from_secs(5), "lost() while frozen", guard.lost()).await;
+    let lost_after = started.elapsed();
+    eprintln!("frozen server: lock declared lost {lost_after:?} after acquire (ttl {ttl:?})");
+    assert!(guard.is_lost());
+    // The validity deadline is ttl - drift (12ms) after the acquire was sent; not before that.
+    assert!(
+        lost_after >= Duration::from_millis(900),
+        "declared lost after {lost_after:?}, before the validity deadline"
+    );
+
+    server.thaw();
+    let released = bounded(Duration::from_secs(5), "release", guard.release()).await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "release of a lock declared lost must say Lost, got {released:?}"
+    );
+    // Whatever the renewals queued while frozen did, nothing is left behind.
+    wait_gone(
+        &server,
+        &redis_key(&key),
+        ttl + Duration::from_secs(1),
+        "after thaw",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Key deleted or overwritten by someone else
+
+#[tokio::test]
+async fn externally_deleted_key_is_lost_within_a_renewal_period() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:deleted");
+    let ttl = Duration::from_millis(900);
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(redis_key(&key))
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock key was not where expected");
+    let at = Instant::now();
+    bounded(
+        ttl / 3 + Duration::from_secs(1),
+        "lost() after DEL",
+        guard.lost(),
+    )
+    .await;
+    eprintln!("deleted key: lost after {:?}", at.elapsed());
+    assert!(guard.is_lost());
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "got {released:?}"
+    );
+}
+
+#[tokio::test]
+async fn externally_overwritten_key_is_lost_and_not_deleted_by_release() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:overwritten");
+    let ttl = Duration::from_millis(900);
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(redis_key(&key))
+        .arg("someone-else")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut admin)
+        .unwrap();
+    let at = Instant::now();
+    bounded(
+        ttl / 3 + Duration::from_secs(1),
+        "lost() after SET",
+        guard.lost(),
+    )
+    .await;
+    eprintln!("overwritten key: lost after {:?}", at.elapsed());
+    assert!(guard.is_lost());
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "got {released:?}"
+    );
+    assert_eq!(
+        get(&mut admin, &redis_key(&key)).as_deref(),
+        Some("someone-else"),
+        "release deleted or changed another owner's lock"
+    );
+    // The other owner's lock is respected: contended, not stolen.
+    let err = locks
+        .lock(&key)
+        .acquire()
+        .await
+        .expect_err("stole the lock");
+    assert!(err.is_contended(), "got {err:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A single failed renewal is not a loss
+
+#[tokio::test]
+async fn a_failed_renewal_within_validity_is_not_a_loss() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks = client(
+        LockConfig::single(proxy.url())
+            // Shorter than the blackhole, so the renewal inside it really fails (times out).
+            .response_timeout(Duration::from_millis(200)),
+    );
+    let key = unique_key("faults:blip");
+    let ttl = Duration::from_secs(3);
+    // The logs prove that a renewal really failed in the blackhole (else this test proves nothing).
+    capture_logs();
+    let every = ttl / 3;
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let acquired = Instant::now();
+    // The first renewal is due `every` after the grant: cut the link around it, for 600ms.
+    tokio::time::sleep_until((acquired + every - Duration::from_millis(300)).into()).await;
+    proxy.set_blackhole(true);
+    tokio::time::sleep_until((acquired + every + Duration::from_millis(300)).into()).await;
+    proxy.set_blackhole(false);
+    assert!(!guard.is_lost(), "lost during a 600ms blip of a 3s lock");
+
+    // Past the original validity and two more renewal periods: renewals must have resumed.
+    let until = acquired + every + Duration::from_millis(300) + 2 * every + every / 2;
+    let lost = wait_until(until - Instant::now(), || guard.is_lost()).await;
+    assert!(
+        lost.is_none(),
+        "declared lost {:?} after the grant although the link healed",
+        acquired.elapsed()
+    );
+    let mut admin = server.admin();
+    let left = pttl(&mut admin, &redis_key(&key));
+    eprintln!(
+        "after a 600ms blackhole: still held {:?} after the grant, server pttl {left}ms",
+        acquired.elapsed()
+    );
+    assert!(left > 0, "the key is gone or has no ttl: pttl {left}");
+    let failed_renewals = logs()
+        .lines()
+        .filter(|l| l.contains("renewal failed") && l.contains(&key))
+        .count();
+    eprintln!("after a 600ms blackhole: {failed_renewals} failed renewal(s) logged");
+    assert!(
+        failed_renewals >= 1,
+        "no renewal failed during the blackhole: the fault missed the renewal"
+    );
+    bounded(Duration::from_secs(5), "release", guard.release())
+        .await
+        .expect("release after a healed blip");
+    assert!(!exists(&mut admin, &redis_key(&key)));
+}
+
+#[tokio::test]
+async fn cut_connections_while_held_are_not_a_loss() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks = client(LockConfig::single(proxy.url()));
+    let key = unique_key("faults:cut");
+    let ttl = Duration::from_secs(3);
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let acquired = Instant::now();
+    // Reset every connection twice while held: renewal must reconnect and carry on.
+    for _ in 0..2 {
+        proxy.cut_all();
+        tokio::time::sleep(ttl / 3).await;
+    }
+    let until = acquired + ttl + ttl / 3;
+    let lost = wait_until(until - Instant::now(), || guard.is_lost()).await;
+    assert!(
+        lost.is_none(),
+        "declared lost {:?} after the grant although only connections were reset",
+        acquired.elapsed()
+    );
+    bounded(Duration::from_secs(5), "release", guard.release())
+        .await
+        .expect("release after reconnecting");
+    assert!(server.keys(&redis_key(&key)).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Unknown outcome of an acquire
+
+#[tokio::test]
+async fn acquire_with_unknown_outcome_leaves_no_orphan() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks =
+        client(LockConfig::single(proxy.url()).response_timeout(Duration::from_millis(200)));
+    let direct = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:unknown");
+    let ttl = Duration::from_secs(3);
+    // Connect through the proxy first, so only the acquire itself is slow.
+    let warm = locks
+        .lock(unique_key("faults:warm"))
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+
+    proxy.set_delay(Duration::from_millis(400));
+    let started = Instant::now();
+    let result = bounded(
+        Duration::from_secs(10),
+        "acquire through a slow link",
+        locks.lock(&key).ttl(ttl).acquire(),
+    )
+    .await;
+    let returned = started.elapsed();
+    match result {
+        Ok(guard) => {
+            eprintln!("slow link: acquired after {returned:?}");
+            guard.release().await.unwrap();
+        }
+        Err(err) => {
+            eprintln!("slow link: {err} after {returned:?}");
+            assert!(
+                matches!(err, LockError::Unavailable { .. }),
+                "expected Unavailable (never Contended: the only holder is ourselves), got {err:?}"
+            );
+        }
+    }
+    // The server did get the SET (it was only slow): it must be released by token, or expire.
+    let gone = wait_gone(
+        &server,
+        &redis_key(&key),
+        ttl + Duration::from_secs(1),
+        "orphan",
+    )
+    .await;
+    let gone_after = started.elapsed();
+    eprintln!(
+        "slow link: key gone {gone_after:?} after the acquire started ({}; polled {gone:?})",
+        if gone_after < ttl {
+            "cleanup release"
+        } else {
+            "expiry"
+        }
+    );
+    let guard = bounded(
+        Duration::from_secs(5),
+        "second client",
+        direct.lock(&key).ttl(ttl).acquire(),
+    )
+    .await
+    .expect("a second client can take the lock once the uncertain one is gone");
+    guard.release().await.unwrap();
+
+    // With a wait, the same token is retried until the link is fast again: the acquire succeeds.
+    proxy.set_delay(Duration::from_millis(400));
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(
+        bounded(
+            Duration::from_secs(15),
+            "acquire with wait through a slow link",
+            locks
+                .lock(&key)
+                .ttl(ttl)
+                .wait(Duration::from_secs(3))
+                .acquire(),
+        ),
+        async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            proxy.set_delay(Duration::ZERO);
+        },
+    );
+    let guard = result.expect("acquire retried after the link recovered");
+    eprintln!(
+        "slow link healed after 500ms: acquired after {:?}",
+        started.elapsed()
+    );
+    assert!(guard.fencing_token().is_some());
+    let mut admin = server.admin();
+    assert!(exists(&mut admin, &redis_key(&key)));
+    bounded(Duration::from_secs(5), "release", guard.release())
+        .await
+        .expect("release");
+    assert!(!exists(&mut admin, &redis_key(&key)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Cancellation, drop and panic
+
+#[tokio::test]
+async fn dropped_future_releases_promptly() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:cancel");
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+
+    let body = {
+        let locks = locks.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let guard = locks
+                .lock(&key)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            let _ = acquired_tx.send(());
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(guard);
+        })
+    };
+    // Drive the body until it holds the lock, then cancel it with a timeout.
+    let mut body = body;
+    tokio::select! {
+        () = &mut body => panic!("body finished"),
+        acquired = bounded(Duration::from_secs(10), "acquire in body", acquired_rx) => acquired.unwrap(),
+    }
+    assert!(
+        exists(&mut admin, &redis_key(&key)),
+        "not held before cancellation"
+    );
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), body).await;
+    assert!(cancelled.is_err(), "body was not cancelled");
+    let gone = wait_gone(
+        &server,
+        &redis_key(&key),
+        Duration::from_secs(2),
+        "cancelled",
+    )
+    .await;
+    eprintln!(
+        "future dropped mid-hold (ttl 30s): key gone {} ms after the drop",
+        gone.as_millis()
+    );
+}
+
+#[tokio::test]
+async fn dropped_guard_releases_promptly() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:drop");
+    let guard = locks
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(exists(&mut admin, &redis_key(&key)));
+    drop(guard);
+    let gone = wait_gone(&server, &redis_key(&key), Duration::from_secs(2), "dropped").await;
+    eprintln!(
+        "guard dropped without release (ttl 30s): key gone {} ms after the drop",
+        gone.as_millis()
+    );
+    // And a sync drop inside a sync context too.
+    let guard = locks
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire_blocking()
+        .unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    wait_gone(
+        &server,
+        &redis_key(&key),
+        Duration::from_secs(2),
+        "dropped on a plain thread",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn panic_in_a_task_holding_the_guard_releases() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:panic");
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+
+    let task = tokio::spawn({
+        let locks = locks.clone();
+        let key = key.clone();
+        async move {
+            let _guard = locks
+                .lock(&key)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            let _ = acquired_tx.send(());
+            let _ = go_rx.await;
+            panic!("deliberate panic while holding the lock");
+        }
+    });
+    bounded(Duration::from_secs(10), "acquire in task", acquired_rx)
+        .await
+        .unwrap();
+    assert!(
+        exists(&mut admin, &redis_key(&key)),
+        "not held before the panic"
+    );
+    go_tx.send(()).unwrap();
+    let joined = bounded(Duration::from_secs(5), "join", task).await;
+    assert!(joined.unwrap_err().is_panic());
+    let gone = wait_gone(
+        &server,
+        &redis_key(&key),
+        Duration::from_secs(2),
+        "panicked",
+    )
+    .await;
+    eprintln!(
+        "panic while holding (ttl 30s): key gone {} ms after the task ended",
+        gone.as_millis()
+    );
+}
+
+#[tokio::test]
+async fn cancelled_waiter_does_not_keep_a_lock_granted_later() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let other = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:cancel-wait");
+    let holder = locks
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+
+    // A waiter that gives up (its future is dropped) while the holder still holds.
+    let waiting = other
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .acquire();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err(),
+        "waiter got a held lock"
+    );
+    holder.release().await.unwrap();
+    // Nobody wants it any more: a third party gets it, well before the 30s ttl of a stray grant.
+    let third = client(LockConfig::single(server.url()));
+    let started = Instant::now();
+    let guard = bounded(
+        Duration::from_secs(10),
+        "third party",
+        third.lock(&key).wait(Duration::from_secs(5)).acquire(),
+    )
+    .await
+    .expect("the cancelled waiter kept a lock granted after it went away");
+    eprintln!(
+        "after a cancelled waiter: third party acquired in {:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Holder process killed
+
+#[tokio::test]
+async fn killed_holder_process_frees_the_lock_after_its_ttl_not_before() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let key = unique_key("faults:killed");
+    let ttl = Duration::from_secs(2);
+    let renew_every = ttl / 3;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holder"))
+        .args([&server.url(), &key, &ttl.as_millis().to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn holder");
+    let stdout = child.stdout.take().unwrap();
+    let (line_tx, line_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = line_rx.recv_timeout(Duration::from_secs(20));
+    let Ok(line) = line else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("holder did not report the lock within 20s: {line:?}");
+    };
+    assert!(line.starts_with("acquired"), "holder said {line:?}");
+
+    // See one renewal from the other process first (the PTTL jumps back up), then kill it.
+    let mut last = pttl(&mut admin, &redis_key(&key));
+    assert!(last > 0, "holder's lock not in redis: pttl {last}");
+    let renewed = wait_until(renew_every * 3, || {
+        let now = pttl(&mut admin, &redis_key(&key));
+        let jumped = now > last + 100;
+        last = now;
+        jumped
+    })
+    .await;
+    let queried = Instant::now();
+    let left_at_kill = pttl(&mut admin, &redis_key(&key));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    assert!(renewed.is_some(), "no renewal of the holder's lock seen");
+
+    let locks = client(LockConfig::single(server.url()));
+    let err = locks
+        .lock(&key)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect_err("a killed holder's lock was free right away");
+    let probed = killed.elapsed();
+    assert!(err.is_contended(), "got {err:?}");
+    assert!(
+        probed < ttl / 2,
+        "probe came too late to mean anything: {probed:?}"
+    );
+
+    let guard = bounded(
+        Duration::from_secs(10),
+        "acquire after the holder died",
+        locks
+            .lock(&key)
+            .ttl(ttl)
+            .wait(ttl + Duration::from_secs(2))
+            .acquire(),
+    )
+    .await
+    .expect("the lock of a killed holder was never freed");
+    let freed = killed.elapsed();
+    let since_query = queried.elapsed();
+    let left = Duration::from_millis(u64::try_from(left_at_kill).unwrap());
+    eprintln!(
+        "holder SIGKILLed with {left_at_kill}ms of ttl left: lock taken over {} ms after the kill \
+         (ttl {} ms, renew every {} ms)",
+        freed.as_millis(),
+        ttl.as_millis(),
+        renew_every.as_millis()
+    );
+    // The last renewal was at most one interval before the kill (plus the 20ms batch window).
+    assert!(
+        freed + Duration::from_millis(50) >= ttl - renew_every,
+        "freed {freed:?} after the kill: earlier than its ttl allows"
+    );
+    // Sharper: Redis reported `left` of ttl just before the kill; not a millisecond of it is cut.
+    assert!(
+        since_query + Duration::from_millis(2) >= left,
+        "taken over {since_query:?} after Redis reported {left:?} of ttl left"
+    );
+    assert!(
+        freed <= ttl + Duration::from_secs(2),
+        "freed only after {freed:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Credentials
+
+#[tokio::test]
+async fn wrong_password_is_an_auth_failure_not_contention() {
+    let server = RedisServer::start_with(ServerOptions {
+        requirepass: Some("correct-horse".into()),
+        acl_rules: vec!["user narrow on >narrowpw ~other:* +@all".into()],
+        ..ServerOptions::default()
+    });
+    let key = unique_key("faults:auth");
+    let cases = [
+        (
+            "wrong password",
+            format!("redis://:battery-staple@127.0.0.1:{}/", server.port()),
+            FailureKind::Auth,
+        ),
+        (
+            "no password",
+            format!("redis://127.0.0.1:{}/", server.port()),
+            FailureKind::Auth,
+        ),
+        (
+            "unknown user",
+            server.url_as("nobody", "x"),
+            FailureKind::Auth,
+        ),
+        (
+            "no permission on lock keys",
+            server.url_as("narrow", "narrowpw"),
+            FailureKind::Permission,
+        ),
+    ];
+    for (what, url, kind) in cases {
+        let locks = client(LockConfig::single(&url));
+        let started = Instant::now();
+        // A long wait: a credentials problem must not be retried until it runs out.
+        let err = bounded(
+            Duration::from_secs(15),
+            what,
+            locks.lock(&key).wait(Duration::from_secs(10)).acquire(),
+        )
+        .await
+        .expect_err(what);
+        let took = started.elapsed();
+        eprintln!("{what}: {took:?} -> {err}");
+        let found = causes(&err);
+        assert_eq!(found.len(), 1, "{what}: {found:?}");
+        assert_eq!(found[0].kind, kind, "{what}: {found:?}");
+        assert_eq!(
+            found[0].node,
+            format!("127.0.0.1:{}", server.port()),
+            "{what}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: retried for {took:?}"
+        );
+        let shown = format!("{err} {err:?}");
+        assert!(
+            !shown.contains("battery-staple") && !shown.contains("narrowpw"),
+            "{shown}"
+        );
+    }
+    assert!(server.keys("lock:*").is_empty(), "{:?}", server.keys("*"));
+
+    // The right password works.
+    let locks = client(LockConfig::single(server.url()));
+    locks
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Secrets never shown
+
+/// Every tracing event and span field of this test process, as text (see [`capture_logs`]).
+static LOGS: Mutex<String> = Mutex::new(String::new());
+
+fn logs() -> String {
+    LOGS.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// A global subscriber that writes everything, at every level, into [`LOGS`].
+struct Capture {
+    next_span: AtomicU64,
+}
+
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut text = LOGS.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = write!(text, "\nspan {}:", span.metadata().name());
+        span.record(&mut Fields(&mut text));
+        tracing::span::Id::from_u64(self.next_span.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        values.record(&mut Fields(
+            &mut LOGS.lock().unwrap_or_else(PoisonError::into_inner),
+        ));
+    }
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut text = LOGS.lock().unwrap_or_else(PoisonError::into_inner);
+        let meta = event.metadata();
+        let _ = write!(text, "\n{} {}:", meta.level(), meta.target());
+        event.record(&mut Fields(&mut text));
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Installs [`Capture`] as the process's global subscriber (once).
+fn capture_logs() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let capture = Capture {
+            next_span: AtomicU64::new(1),
+        };
+        tracing::subscriber::set_global_default(capture)
+            .expect("no other global tracing subscriber in this test binary");
+    });
+}
+
+#[tokio::test]
+async fn tokens_and_passwords_never_in_debug_or_logs() {
+    capture_logs();
+    let password = "pw-7f3a9c-secret";
+    let server = RedisServer::start_with(ServerOptions {
+        requirepass: Some(password.into()),
+        ..ServerOptions::default()
+    });
+    let mut admin = server.admin();
+    let config = LockConfig::single(server.url()).default_ttl(Duration::from_secs(5));
+    let locks = client(config.clone());
+    let key = unique_key("faults:secrets");
+    let mut tokens = Vec::new();
+    let mut shown = vec![format!("{config:?}"), format!("{locks:?}")];
+
+    // A held lock, and the contention error of a second attempt.
+    let guard: LockGuard = locks
+        .lock(&key)
+        .ttl(Duration::from_millis(900))
+        .acquire()
+        .await
+        .unwrap();
+    tokens.push(get(&mut admin, &redis_key(&key)).expect("token in redis"));
+    shown.push(format!("{guard:?}"));
+    let contended = locks.lock(&key).acquire().await.expect_err("contended");
+    shown.push(format!("{contended:?}"));
+    shown.push(contended.to_string());
+
+    // A lost lock (logged by the renewal driver), and its Lost error.
+    let () = redis::cmd("SET")
+        .arg(redis_key(&key))
+        .arg("intruder")
+        .query(&mut admin)
+        .unwrap();
+    bounded(Duration::from_secs(5), "lost()", guard.lost()).await;
+    shown.push(format!("{guard:?}"));
+    let lost = guard.release().await.expect_err("lost");
+    shown.push(format!("{lost:?}"));
+
+    // A guard dropped while the server is frozen: the drop's release fails and is logged.
+    let key2 = unique_key("faults:secrets");
+    let guard = locks
+        .lock(&key2)
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    tokens.push(get(&mut admin, &redis_key(&key2)).expect("token in redis"));
+    server.freeze();
+    drop(guard);
+    let wrong = LockConfig::single(format!(
+        "redis://:{password}-nope@127.0.0.1:{}/",
+        server.port()
+    ));
+    shown.push(format!("{wrong:?}"));
+    let unavailable = client(LockConfig::single(format!(
+        "redis://:{password}@127.0.0.1:{}/",
+        free_port()
+    )))
+    .lock(&key2)
+    .acquire()
+    .await
+    .expect_err("no server there");
+    shown.push(format!("{unavailable:?}"));
+    shown.push(unavailable.to_string());
+    // Let the failed release on drop and the renewal failures be logged.
+    let logged = wait_until(Duration::from_secs(5), || {
+        logs().contains("release on drop did not complete")
+    })
+    .await;
+    server.thaw();
+
+    let text = logs();
+    assert!(
+        text.contains(&key),
+        "the capture saw no event about {key}: the log check would be vacuous\n{text}"
+    );
+    eprintln!(
+        "captured {} log lines; failed drop-release logged: {}",
+        text.lines().count(),
+        logged.is_some()
+    );
+    for token in &tokens {
+        assert_eq!(token.len(), 32, "unexpected token format");
+        for s in &shown {
+            assert!(!s.contains(token.as_str()), "token shown in {s}");
+        }
+        assert!(!text.contains(token.as_str()), "token in the logs");
+    }
+    for s in &shown {
+        assert!(!s.contains(password), "password shown in {s}");
+    }
+    assert!(!text.contains(password), "password in the logs");
+}
