@@ -32,11 +32,6 @@ pub trait KeyPart: core::fmt::Display {}
 
 impl<T: core::fmt::Display + ?Sized> KeyPart for T {}
 
-/// Identity; its bound gives the readable error for a key part without `Display`.
-pub fn key_part<T: KeyPart + ?Sized>(part: &T) -> &T {
-    part
-}
-
 pub async fn acquire(
     key: String,
     ttl: Option<Duration>,

@@ -53,7 +53,8 @@
 //! - `<name.field.sub>`: a field path: `key = "order:<order.id>"`.
 //! - `<self.field>`: a field of the receiver, in methods: `key = "shard:<self.shard_id>"`.
 //! - Everything else is literal, including braces, so `key = "{tenant}:<id>"` keeps the Redis
-//!   Cluster hash tag `{tenant}`.
+//!   Cluster hash tag `{tenant}`. Write `<<` and `>>` for a literal `<` and `>`.
+//! - Placeholders read parameters and their fields; they do not call methods.
 //!
 //! Parts are rendered from borrows before the body runs: arguments are neither moved nor cloned.
 //! An unknown name, `<>`, an unterminated `<`, or `<self..>` outside a method is a compile error

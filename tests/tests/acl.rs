@@ -1,4 +1,6 @@
 //! The behaviour suite once more as a least-privilege ACL user, and a wrong password.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};

@@ -1,6 +1,8 @@
 //! The process-wide client: `init` once, failures leave the process uninitialised, bad values
 //! name their field. One test, because the global client is per process.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError};

@@ -1,5 +1,7 @@
 //! Renewal at scale and its effect on the keys in Redis.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};

@@ -1,4 +1,6 @@
 //! The behaviour suite on one Redis node, as the default user.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
 behaviour_tests!(behaviour::Fx::redis());

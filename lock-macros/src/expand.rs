@@ -1,0 +1,327 @@
+//! Code generation. Nothing here can fail: `validate` has checked everything. `P` in the sketches is
+//! the runtime's `__private` module (`::lock_runtime::__private`, or `<crate = "path">::__private`).
+
+use crate::key::{Part, Root};
+use crate::validate::{Key, Locked};
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{ToTokens as _, TokenStreamExt as _, format_ident, quote, quote_spanned};
+use std::time::Duration;
+use syn::spanned::Spanned as _;
+use syn::visit_mut::VisitMut;
+use syn::{Member, ReturnType, Signature, Type, TypeInfer};
+
+/// Input:  `#[distributed_lock(..)] ATTRS VIS [async] fn f(ARGS) -> R { #![INNER] BODY }`
+/// Output: `ATTRS VIS [async] fn f(ARGS) -> R { #![INNER] <locked body> }`
+///
+/// Only the body changes, and the user's code stays inside it: no sibling function, so `self`,
+/// generics and `impl Trait` arguments work as written.
+pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
+    let Locked {
+        attrs,
+        vis,
+        sig,
+        body,
+        ..
+    } = locked;
+    let locked_body = if sig.asyncness.is_some() {
+        async_body(locked)
+    } else {
+        sync_body(locked)
+    };
+    let mut out = quote!(#(#attrs)* #vis #sig);
+    body.brace.surround(&mut out, |tokens| {
+        tokens.append_all(&body.inner_attrs);
+        tokens.extend(locked_body);
+    });
+    out
+}
+
+/// Input:  `async fn f(user_id: u64) -> R { BODY }`
+/// Output:
+/// ```text
+/// let __lock_key = KEY;
+/// let __lock_guard = match P::acquire(__lock_key, TTL, WAIT).await {
+///     Ok(guard) => guard,
+///     Err(err) => return P::lock_error(err),
+/// };
+/// let __lock_out = {
+///     let GUARD = &__lock_guard;
+///     P::until_lost(&__lock_guard, async move { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } }).await
+/// };
+/// P::finish(__lock_guard, __lock_out).await
+/// ```
+/// In the `async move` block `return` and `?` leave the body only, as they would have left the fn.
+fn async_body(locked: &Locked) -> TokenStream {
+    let site = Span::mixed_site();
+    let private = &locked.private;
+    let ret = return_span(&locked.sig);
+    let [key, guard, out, err] = locals(Span::mixed_site());
+    let render = render_key(&locked.key, private);
+    let ttl = duration(locked.ttl, private);
+    let wait = duration(locked.wait, private);
+    let bind_guard = bind_guard(locked);
+    let fake_return = fake_return_edge(&locked.sig);
+    let touch_mutable = touch_mutable(locked);
+    let stmts = &locked.body.stmts;
+    // Everything that needs `R: LockResult` is located on the return type, so a wrong return type is
+    // one error there (rustc reports one unsatisfied bound per span), not one per call. rustc blames
+    // the argument `R` is inferred from, and ignores hygienic spans for that, hence `{ __lock_out }`:
+    // a block located on the return type.
+    let at_ret = private_at(private, ret);
+    let [_, guard_at_ret, out_at_ret, err_at_ret] = locals(ret);
+    let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
+    let finish = quote_spanned!(ret=> #at_ret::finish(#guard_at_ret, { #out_at_ret }).await);
+    quote_spanned! {site=>
+        let #key: ::std::string::String = #render;
+        let #guard = match #private::acquire(#key, #ttl, #wait).await {
+            ::core::result::Result::Ok(#guard) => #guard,
+            ::core::result::Result::Err(#err) => return #lock_error,
+        };
+        let #out = {
+            #bind_guard
+            #private::until_lost(&#guard, async move {
+                #touch_mutable
+                #fake_return
+                { #stmts }
+            })
+            .await
+        };
+        #finish
+    }
+}
+
+/// Input:  `fn f(user_id: u64) -> R { BODY }`
+/// Output:
+/// ```text
+/// let __lock_key = KEY;
+/// let __lock_guard = match P::acquire_blocking(__lock_key, TTL, WAIT) {
+///     Ok(guard) => guard,
+///     Err(err) => return P::lock_error(err),
+/// };
+/// let __lock_out = {
+///     let GUARD = &__lock_guard;
+///     (move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })()
+/// };
+/// P::finish_blocking(__lock_guard, __lock_out)
+/// ```
+/// The closure keeps `return` and `?` meaning "leave the body", so the guard is always finished. It is
+/// called where it is written so it works whether it is `FnOnce`, `FnMut` (mutates a `mut` parameter)
+/// or `Fn`.
+fn sync_body(locked: &Locked) -> TokenStream {
+    let site = Span::mixed_site();
+    let private = &locked.private;
+    let ret = return_span(&locked.sig);
+    let [key, guard, out, err] = locals(Span::mixed_site());
+    let render = render_key(&locked.key, private);
+    let ttl = duration(locked.ttl, private);
+    let wait = duration(locked.wait, private);
+    let bind_guard = bind_guard(locked);
+    let fake_return = fake_return_edge(&locked.sig);
+    let touch_mutable = touch_mutable(locked);
+    let stmts = &locked.body.stmts;
+    let at_ret = private_at(private, ret);
+    let [_, guard_at_ret, out_at_ret, err_at_ret] = locals(ret);
+    let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
+    let finish = quote_spanned!(ret=> #at_ret::finish_blocking(#guard_at_ret, { #out_at_ret }));
+    quote_spanned! {site=>
+        let #key: ::std::string::String = #render;
+        let #guard = match #private::acquire_blocking(#key, #ttl, #wait) {
+            ::core::result::Result::Ok(#guard) => #guard,
+            ::core::result::Result::Err(#err) => return #lock_error,
+        };
+        let #out = {
+            #bind_guard
+            (move || {
+                #touch_mutable
+                #fake_return
+                { #stmts }
+            })()
+        };
+        #finish
+    }
+}
+
+/// `P` with every token at `span`: rustc reports an unsatisfied bound of a generic function on the
+/// span of the path that names it, so this is where such errors land.
+fn private_at(private: &TokenStream, span: Span) -> TokenStream {
+    private
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
+}
+
+/// The generated locals (`__lock_key`, `__lock_guard`, `__lock_out`, `__lock_err`): hygienic, so they
+/// can't clash with the user's names, and located at `at` for error messages.
+fn locals(at: Span) -> [syn::Ident; 4] {
+    let span = Span::mixed_site().located_at(at);
+    ["key", "guard", "out", "err"].map(|name| format_ident!("__lock_{}", name, span = span))
+}
+
+/// Input:  `fn f(mut a: u8, b: u8, (mut c, d): (u8, u8))`
+/// Output: `let _ = &a; let _ = &c;`: see `Locked::mutable` for why.
+fn touch_mutable(locked: &Locked) -> TokenStream {
+    let mutable = &locked.mutable;
+    quote_spanned!(Span::mixed_site()=> #(let _ = &#mutable;)*)
+}
+
+/// Input:  `guard = lock`
+/// Output: `let lock = &__lock_guard;` (nothing without `guard`)
+fn bind_guard(locked: &Locked) -> TokenStream {
+    let [_, guard, ..] = locals(Span::mixed_site());
+    locked
+        .guard
+        .as_ref()
+        .map(|name| quote_spanned!(Span::mixed_site()=> let #name = &#guard;))
+        .unwrap_or_default()
+}
+
+/// Input:  `"{eu}:wallet:<user_id>:<order.id>"`
+/// Output:
+/// ```text
+/// {
+///     let __lock_part0: &dyn P::KeyPart = &user_id;
+///     let __lock_part1: &dyn P::KeyPart = &order.id;
+///     ::std::format!("{{eu}}:wallet:{}:{}", __lock_part0, __lock_part1)
+/// }
+/// ```
+/// or `::std::string::String::from("...")` without placeholders.
+///
+/// Parts are borrowed, never moved, and rendered before the body runs. The coercion to
+/// `&dyn KeyPart` is the only place that needs `Display`, so a part without it is one error, with
+/// `KeyPart`'s message, on the key literal (passing the part to `format!` would be a second one).
+fn render_key(key: &Key, private: &TokenStream) -> TokenStream {
+    let span = key.lit.span();
+    let site = Span::mixed_site().located_at(span);
+    let private = private_at(private, span);
+    let mut format = String::new();
+    let mut names = Vec::new();
+    let mut parts = Vec::new();
+    for part in &key.parts {
+        match part {
+            Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+            Part::Value { root, fields } => {
+                format.push_str("{}");
+                let root = match root {
+                    Root::SelfValue => quote_spanned!(span=> self),
+                    Root::Param(ident) => {
+                        let mut ident = ident.clone();
+                        ident.set_span(span);
+                        ident.into_token_stream()
+                    }
+                };
+                let fields = fields.iter().map(|field| match field {
+                    Member::Named(ident) => {
+                        let mut ident = ident.clone();
+                        ident.set_span(span);
+                        quote_spanned!(span=> .#ident)
+                    }
+                    Member::Unnamed(index) => {
+                        let index = syn::Index {
+                            index: index.index,
+                            span,
+                        };
+                        quote_spanned!(span=> .#index)
+                    }
+                });
+                names.push(format_ident!("__lock_part{}", names.len(), span = site));
+                parts.push(quote_spanned!(span=> &#root #(#fields)*));
+            }
+        }
+    }
+    let mut format = Literal::string(&format);
+    format.set_span(span);
+    if names.is_empty() {
+        quote_spanned!(site=> ::std::string::String::from(#format))
+    } else {
+        quote_spanned! {site=>
+            {
+                #(let #names: &dyn #private::KeyPart = #parts;)*
+                ::std::format!(#format, #(#names),*)
+            }
+        }
+    }
+}
+
+/// Input:  `Some(10s)` / `None`
+/// Output: `Some(P::Duration::new(10, 0))` / `None` (the runtime's configured default)
+fn duration(duration: Option<Duration>, private: &TokenStream) -> TokenStream {
+    match duration {
+        Some(duration) => {
+            let secs = Literal::u64_unsuffixed(duration.as_secs());
+            let nanos = Literal::u32_unsuffixed(duration.subsec_nanos());
+            quote!(::core::option::Option::Some(#private::Duration::new(#secs, #nanos)))
+        }
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// Input:  `-> Result<impl Display, E>`
+/// Output: `if false { let __lock_fake: Result<_, E> = loop {}; return __lock_fake; }`
+///
+/// The fake return edge: an unreachable `return` of the declared type, first in the async block or
+/// closure, so its type is known before the body is checked. `?` then knows what to convert into,
+/// and a mismatch in the body is reported against the return type the user wrote.
+fn fake_return_edge(sig: &Signature) -> TokenStream {
+    let span = return_span(sig);
+    let ty = match &sig.output {
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            ImplTraitEraser.visit_type_mut(&mut ty);
+            ty.into_token_stream()
+        }
+        ReturnType::Default => quote_spanned!(span=> ()),
+    };
+    let fake = format_ident!("__lock_fake", span = Span::mixed_site().located_at(span));
+    quote_spanned! {span=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let #fake: #ty = loop {};
+            return #fake;
+        }
+    }
+}
+
+/// Where errors about the return type belong: the type as written (or the name, if there is none).
+fn return_span(sig: &Signature) -> Span {
+    match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => sig.ident.span(),
+    }
+}
+
+/// `impl Trait` can't be written in a `let`; `_` lets inference fill it in.
+struct ImplTraitEraser;
+
+impl VisitMut for ImplTraitEraser {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::ImplTrait(impl_trait) = ty {
+            *ty = Type::Infer(TypeInfer {
+                attrs: Vec::new(),
+                underscore_token: syn::Token![_](impl_trait.impl_token.span),
+            });
+        } else {
+            syn::visit_mut::visit_type_mut(self, ty);
+        }
+    }
+}
+
+/// Input:  the item exactly as written, and every error found in it and in the arguments.
+/// Output: `::core::compile_error! { ".." }` per error, then the untouched item, so the function
+///         still exists for callers and the IDE: one mistake, one error.
+pub(crate) fn with_errors(item: TokenStream, errors: &syn::Error) -> TokenStream {
+    let errors = errors.to_compile_error();
+    quote!(#errors #item)
+}

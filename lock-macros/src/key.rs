@@ -1,0 +1,432 @@
+//! The key template language.
+//!
+//! - `<name>` interpolates the parameter `name` by `Display`; `<name.field.0>` a field path below it;
+//!   `<self>` and `<self.field>` the receiver of a method.
+//! - Everything else is literal text, including `{` and `}` (Redis Cluster hash tags: `{wallet}:<id>`).
+//! - `<<` and `>>` write a literal `<` and `>`. A lone `>` is an error rather than text: it is almost
+//!   always a forgotten `<` (`"wallet:user_id>"`), and a silently wrong key is a silently broken lock.
+//! - Only parameters bound to a plain name (`id: u64`, `mut id: u64`) can be used; the names bound
+//!   inside a pattern parameter (`(a, b): (u8, u8)`) cannot.
+//!
+//! Parsing needs the function's parameters ([`Scope`]) so that every message can list them.
+
+use proc_macro2::Ident;
+use std::ops::Range;
+use syn::Member;
+use syn::ext::IdentExt as _;
+use syn::parse::Parser as _;
+
+/// The names a template may refer to.
+#[derive(Debug, Default)]
+pub(crate) struct Scope {
+    /// Parameters bound to a plain name, in declaration order.
+    pub(crate) params: Vec<Ident>,
+    /// Names bound inside pattern parameters, which templates can't use.
+    pub(crate) pattern_bindings: Vec<Ident>,
+    /// Whether the function is a method with a `self` receiver.
+    pub(crate) receiver: bool,
+}
+
+/// One piece of a parsed template.
+#[derive(Debug)]
+pub(crate) enum Part {
+    /// Literal text, unescaped (`<<` already turned into `<`).
+    Text(String),
+    /// `<root.fields..>`, rendered by `Display`.
+    Value { root: Root, fields: Vec<Member> },
+}
+
+#[derive(Debug)]
+pub(crate) enum Root {
+    SelfValue,
+    /// The parameter's own identifier, as declared.
+    Param(Ident),
+}
+
+/// A problem in the template: the byte range of the offending text in the template, and the message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Error {
+    pub(crate) range: Range<usize>,
+    pub(crate) message: String,
+}
+
+/// Parses `template`, resolving placeholders against `scope`. Reports every problem, not just the first.
+pub(crate) fn parse(template: &str, scope: &Scope) -> Result<Vec<Part>, Vec<Error>> {
+    if template.is_empty() {
+        return Err(vec![Error {
+            range: 0..0,
+            message: "the key template is empty; write e.g. `key = \"wallet:<user_id>\"`".into(),
+        }]);
+    }
+    let mut parts = Vec::new();
+    let mut errors = Vec::new();
+    let mut text = String::new();
+    let mut rest = template.char_indices().peekable();
+    while let Some((start, ch)) = rest.next() {
+        match ch {
+            '<' if rest.next_if(|&(_, next)| next == '<').is_some() => text.push('<'),
+            '>' if rest.next_if(|&(_, next)| next == '>').is_some() => text.push('>'),
+            '>' => errors.push(Error {
+                range: start..start + 1,
+                message: "unmatched `>` in the key; placeholders look like `<user_id>`, and a \
+                          literal `>` is written `>>`"
+                    .into(),
+            }),
+            '<' => {
+                // The placeholder ends at the next `>`; a `<` or the end of the string first means
+                // it was never closed.
+                let mut end = None;
+                while let Some(&(index, next)) = rest.peek() {
+                    if next == '<' {
+                        break;
+                    }
+                    rest.next();
+                    if next == '>' {
+                        end = Some(index);
+                        break;
+                    }
+                }
+                let Some(end) = end else {
+                    let stop = rest.peek().map_or(template.len(), |&(index, _)| index);
+                    errors.push(Error {
+                        range: start..stop,
+                        message: format!(
+                            "unterminated placeholder `{}` in the key; close it with `>`, or write \
+                             `<<` for a literal `<`",
+                            &template[start..stop],
+                        ),
+                    });
+                    continue;
+                };
+                let range = start..end + 1;
+                match placeholder(&template[start + 1..end], scope) {
+                    Ok(part) => {
+                        if !text.is_empty() {
+                            parts.push(Part::Text(std::mem::take(&mut text)));
+                        }
+                        parts.push(part);
+                    }
+                    Err(message) => errors.push(Error { range, message }),
+                }
+            }
+            _ => text.push(ch),
+        }
+    }
+    if !text.is_empty() {
+        parts.push(Part::Text(text));
+    }
+    if errors.is_empty() {
+        Ok(parts)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Resolves the inside of `<...>`.
+fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
+    let written = format!("<{inner}>");
+    if inner.is_empty() {
+        return Err(format!(
+            "empty placeholder `<>` in the key; write a parameter name inside, like `<{}>` ({})",
+            example_name(scope),
+            describe_scope(scope),
+        ));
+    }
+    let mut segments = inner.split('.');
+    let root = segments.next().unwrap_or_default();
+    let root_ident = Ident::parse_any.parse_str(root);
+    let fields: Option<Vec<Member>> = segments
+        .map(|segment| syn::parse_str::<Member>(segment).ok())
+        .collect();
+    let (Ok(root_ident), Some(fields)) = (root_ident, fields) else {
+        if inner.contains('(') {
+            return Err(format!(
+                "invalid placeholder `{written}` in the key; placeholders read parameters and \
+                 their fields but can't call methods; pass the value as a parameter, or add a \
+                 field ({})",
+                describe_scope(scope),
+            ));
+        }
+        return Err(format!(
+            "invalid placeholder `{written}` in the key; write a parameter name, optionally \
+             followed by `.field`s, like `<{name}>` or `<{name}.id>` ({})",
+            describe_scope(scope),
+            name = example_name(scope),
+        ));
+    };
+    let root = if root_ident == "self" {
+        if !scope.receiver {
+            return Err(format!(
+                "`{written}` in the key, but this function has no `self` receiver; `<self>` and \
+                 `<self.field>` work in methods taking `self`, `&self` or `&mut self` ({})",
+                describe_scope(scope),
+            ));
+        }
+        Root::SelfValue
+    } else {
+        let wanted = root_ident.unraw();
+        let found = scope.params.iter().find(|param| param.unraw() == wanted);
+        match found {
+            Some(param) => Root::Param(param.clone()),
+            None if scope
+                .pattern_bindings
+                .iter()
+                .any(|bound| bound.unraw() == wanted) =>
+            {
+                return Err(format!(
+                    "`{wanted}` in key placeholder `{written}` is bound inside a pattern \
+                     parameter, which keys can't use; bind that parameter to a name instead \
+                     (`pair: (u8, u8)`) and write a field path (`<pair.0>`)"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "unknown parameter `{wanted}` in key placeholder `{written}` ({})",
+                    describe_scope(scope),
+                ));
+            }
+        }
+    };
+    Ok(Part::Value { root, fields })
+}
+
+/// "the parameters are `self`, `user_id`, `amount`", for the end of every message.
+fn describe_scope(scope: &Scope) -> String {
+    let names: Vec<String> = scope
+        .receiver
+        .then(|| "`self`".to_owned())
+        .into_iter()
+        .chain(
+            scope
+                .params
+                .iter()
+                .map(|param| format!("`{}`", param.unraw())),
+        )
+        .collect();
+    match names.as_slice() {
+        [] => "this function has no parameters a key can use".to_owned(),
+        [one] => format!("the only parameter is {one}"),
+        _ => format!("the parameters are {}", names.join(", ")),
+    }
+}
+
+/// A name from `scope` to show in examples: the first parameter, else `self`.
+fn example_name(scope: &Scope) -> String {
+    match scope.params.first() {
+        Some(param) => param.unraw().to_string(),
+        None if scope.receiver => "self".to_owned(),
+        None => "user_id".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, Part, Root, Scope, parse};
+    use proc_macro2::{Ident, Span};
+
+    fn scope(params: &[&str], receiver: bool) -> Scope {
+        let ident = |name: &str| match name.strip_prefix("r#") {
+            Some(raw) => Ident::new_raw(raw, Span::call_site()),
+            None => Ident::new(name, Span::call_site()),
+        };
+        Scope {
+            params: params.iter().map(|name| ident(name)).collect(),
+            pattern_bindings: vec![ident("a"), ident("b")],
+            receiver,
+        }
+    }
+
+    /// Renders parts back to a canonical form: text as-is, values as `{root.field}`.
+    fn render(template: &str, scope: &Scope) -> String {
+        match parse(template, scope) {
+            Ok(parts) => parts
+                .iter()
+                .map(|part| match part {
+                    Part::Text(text) => format!("[{text}]"),
+                    Part::Value { root, fields } => {
+                        let root = match root {
+                            Root::SelfValue => "self".to_owned(),
+                            Root::Param(ident) => ident.to_string(),
+                        };
+                        let fields: String = fields
+                            .iter()
+                            .map(|member| match member {
+                                syn::Member::Named(ident) => format!(".{ident}"),
+                                syn::Member::Unnamed(index) => format!(".{}", index.index),
+                            })
+                            .collect();
+                        format!("{{{root}{fields}}}")
+                    }
+                })
+                .collect(),
+            Err(errors) => panic!("{template:?} failed: {errors:?}"),
+        }
+    }
+
+    fn errors(template: &str, scope: &Scope) -> Vec<Error> {
+        match parse(template, scope) {
+            Ok(parts) => panic!("{template:?} parsed as {parts:?}, expected errors"),
+            Err(errors) => errors,
+        }
+    }
+
+    fn error(template: &str, scope: &Scope) -> Error {
+        let mut errors = errors(template, scope);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        errors.remove(0)
+    }
+
+    #[test]
+    fn text_and_placeholders() {
+        let s = scope(&["user_id", "order"], false);
+        assert_eq!(render("wallet:<user_id>", &s), "[wallet:]{user_id}");
+        assert_eq!(render("<user_id>", &s), "{user_id}");
+        assert_eq!(
+            render("o:<order.customer.id>:<order.0>!", &s),
+            "[o:]{order.customer.id}[:]{order.0}[!]"
+        );
+        assert_eq!(render("<user_id><order>", &s), "{user_id}{order}");
+        assert_eq!(render("static", &s), "[static]");
+    }
+
+    #[test]
+    fn braces_pass_through_as_text() {
+        let s = scope(&["user_id"], false);
+        assert_eq!(render("{wallet}:<user_id>", &s), "[{wallet}:]{user_id}");
+        assert_eq!(render("{<user_id>}", &s), "[{]{user_id}[}]");
+    }
+
+    #[test]
+    fn doubled_angle_brackets_are_literal() {
+        let s = scope(&["x"], false);
+        assert_eq!(render("a<<b>>c", &s), "[a<b>c]");
+        assert_eq!(render("<<<x>>>", &s), "[<]{x}[>]");
+    }
+
+    #[test]
+    fn self_needs_a_receiver() {
+        let method = scope(&["id"], true);
+        assert_eq!(
+            render("<self.shop.id>:<id>", &method),
+            "{self.shop.id}[:]{id}"
+        );
+        assert_eq!(render("<self>", &method), "{self}");
+
+        let free = scope(&["id"], false);
+        let err = error("k:<self.shop>", &free);
+        assert_eq!(err.range, 2..13);
+        assert_eq!(
+            err.message,
+            "`<self.shop>` in the key, but this function has no `self` receiver; `<self>` and \
+             `<self.field>` work in methods taking `self`, `&self` or `&mut self` (the only \
+             parameter is `id`)"
+        );
+    }
+
+    #[test]
+    fn unknown_parameter_lists_the_parameters() {
+        let err = error("wallet:<usr_id.name>", &scope(&["user_id", "amount"], true));
+        assert_eq!(err.range, 7..20);
+        assert_eq!(
+            err.message,
+            "unknown parameter `usr_id` in key placeholder `<usr_id.name>` (the parameters are \
+             `self`, `user_id`, `amount`)"
+        );
+        let err = error("<x>", &scope(&[], false));
+        assert!(
+            err.message
+                .ends_with("(this function has no parameters a key can use)"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn pattern_bindings_are_rejected_with_a_hint() {
+        let err = error("<a>", &scope(&["x"], false));
+        assert!(
+            err.message
+                .starts_with("`a` in key placeholder `<a>` is bound inside a pattern")
+        );
+    }
+
+    #[test]
+    fn raw_identifiers_match_either_way() {
+        let s = scope(&["r#type"], false);
+        assert_eq!(render("<type>", &s), "{r#type}");
+        assert_eq!(render("<r#type>", &s), "{r#type}");
+    }
+
+    #[test]
+    fn empty_placeholder() {
+        let err = error("a<>b", &scope(&["user_id"], false));
+        assert_eq!(err.range, 1..3);
+        assert_eq!(
+            err.message,
+            "empty placeholder `<>` in the key; write a parameter name inside, like `<user_id>` \
+             (the only parameter is `user_id`)"
+        );
+    }
+
+    #[test]
+    fn unterminated_placeholder() {
+        let s = scope(&["user_id"], false);
+        let err = error("wallet:<user_id", &s);
+        assert_eq!(err.range, 7..15);
+        assert_eq!(
+            err.message,
+            "unterminated placeholder `<user_id` in the key; close it with `>`, or write `<<` for \
+             a literal `<`"
+        );
+        // A `<` before the `>` ends the broken placeholder; the next one still parses.
+        let err = error("<user_id:<user_id>", &s);
+        assert_eq!(err.range, 0..9);
+    }
+
+    #[test]
+    fn stray_closing_bracket() {
+        let err = error("wallet:user_id>", &scope(&["user_id"], false));
+        assert_eq!(err.range, 14..15);
+        assert!(err.message.starts_with("unmatched `>` in the key"));
+    }
+
+    #[test]
+    fn invalid_placeholder_syntax() {
+        let s = scope(&["user_id"], false);
+        for bad in [
+            "<user id>",
+            "<user_id.>",
+            "<.x>",
+            "<0>",
+            "<a-b>",
+            "<user_id..x>",
+            "<user_id.type>",
+        ] {
+            let err = error(bad, &s);
+            assert!(
+                err.message.starts_with("invalid placeholder"),
+                "{bad}: {err:?}"
+            );
+            assert_eq!(err.range, 0..bad.len());
+        }
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        let errs = errors("<>:<nope>:x>:<ok", &scope(&["ok"], false));
+        let ranges: Vec<_> = errs.iter().map(|err| err.range.clone()).collect();
+        assert_eq!(ranges, [0..2, 3..9, 11..12, 13..16]);
+    }
+
+    #[test]
+    fn empty_template() {
+        let err = error("", &scope(&["x"], false));
+        assert!(err.message.starts_with("the key template is empty"));
+    }
+
+    #[test]
+    fn non_ascii_text_keeps_byte_ranges() {
+        let s = scope(&["id"], false);
+        assert_eq!(render("clé:<id>", &s), "[clé:]{id}");
+        assert_eq!(error("clé:<idx>", &s).range, 5..10);
+    }
+}

@@ -1,0 +1,324 @@
+//! The annotated item, and every check that needs both it and the arguments. Produces a [`Locked`]
+//! from which `expand` generates code without ever failing.
+
+use crate::args::{self, Args};
+use crate::key::{self, Part, Scope};
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use std::ops::Range;
+use std::time::Duration;
+use syn::parse::{Parse, ParseStream};
+use syn::{
+    Attribute, FnArg, Ident, LitStr, Pat, PatIdent, ReturnType, Signature, Token, Type, Visibility,
+    braced, token,
+};
+
+/// Collects independent errors so one compilation reports all of them (serde's `Ctxt`, in small).
+#[derive(Debug, Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, err: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(err),
+            None => self.0 = Some(err),
+        }
+    }
+
+    fn ok<T>(&mut self, result: syn::Result<T>) -> Option<T> {
+        result.map_err(|err| self.push(err)).ok()
+    }
+}
+
+/// A function with its body kept as tokens: the body is the user's code, and it only has to be
+/// syntactically a block, not something this crate understands.
+#[derive(Debug)]
+pub(crate) struct Func {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    /// `None` for a declaration without body (`fn f(&self);` in a trait).
+    pub(crate) body: Option<Body>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Body {
+    pub(crate) brace: token::Brace,
+    /// `#![...]` at the top of the body; they stay at the top of the generated body.
+    pub(crate) inner_attrs: Vec<Attribute>,
+    pub(crate) stmts: TokenStream,
+}
+
+impl Parse for Func {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        if input.fork().parse::<Signature>().is_err() {
+            let found = input
+                .cursor()
+                .token_tree()
+                .map_or_else(String::new, |(tt, _)| format!(", not on `{tt}`"));
+            return Err(input.error(format_args!(
+                "#[distributed_lock] goes on a function (`fn` or `async fn`){found}"
+            )));
+        }
+        let sig: Signature = input.parse()?;
+        let body = if input.parse::<Option<Token![;]>>()?.is_some() {
+            None
+        } else {
+            let content;
+            let brace = braced!(content in input);
+            Some(Body {
+                brace,
+                inner_attrs: content.call(Attribute::parse_inner)?,
+                stmts: content.parse()?,
+            })
+        };
+        Ok(Func {
+            attrs,
+            vis,
+            sig,
+            body,
+        })
+    }
+}
+
+/// Everything `expand` needs, all of it checked.
+#[derive(Debug)]
+pub(crate) struct Locked {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    pub(crate) body: Body,
+    pub(crate) key: Key,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) guard: Option<Ident>,
+    /// Parameters bound with `mut`. The body reads them from inside a `move` closure or async block,
+    /// where a parameter overwritten before it is read would warn "value captured by `x` is never
+    /// read", a warning the plain function never had; `expand` reads each one first.
+    pub(crate) mutable: Vec<Ident>,
+    /// The path to the runtime's `__private` module.
+    pub(crate) private: TokenStream,
+}
+
+#[derive(Debug)]
+pub(crate) struct Key {
+    /// The template literal; generated key code is spanned here so its errors point at the key.
+    pub(crate) lit: LitStr,
+    pub(crate) parts: Vec<Part>,
+}
+
+/// Parses and checks the attribute and the item together.
+pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Locked> {
+    let mut errors = Errors::default();
+    let Args {
+        key,
+        ttl,
+        wait,
+        guard,
+        krate,
+    } = args::parse(attr, &mut errors);
+    let Some(func) = errors.ok(syn::parse2::<Func>(item)) else {
+        return Err(into_error(errors));
+    };
+    let Func {
+        attrs,
+        vis,
+        sig,
+        body,
+    } = func;
+
+    check_signature(&sig, body.is_some(), &mut errors);
+    let scope = scope(&sig);
+    let mutable = mutable_bindings(&sig);
+    let key = key.and_then(|lit| match key::parse(&lit.value(), &scope) {
+        Ok(parts) => Some(Key { lit, parts }),
+        Err(problems) => {
+            for problem in problems {
+                errors.push(syn::Error::new(
+                    subspan(&lit, problem.range),
+                    problem.message,
+                ));
+            }
+            None
+        }
+    });
+    let shadowed = guard.as_ref().and_then(|guard| {
+        scope
+            .params
+            .iter()
+            .find(|param| *param == guard)
+            .map(|param| (guard, param))
+    });
+    if let Some((guard, param)) = shadowed {
+        errors.push(syn::Error::new(
+            guard.span(),
+            format_args!(
+                "`guard = {guard}` would hide the parameter `{param}` inside the body; pick \
+                 another name, like `guard = lock`"
+            ),
+        ));
+    }
+
+    let private = match krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::lock_runtime::__private),
+    };
+    match (errors.0, key, body) {
+        (None, Some(key), Some(body)) => Ok(Locked {
+            attrs,
+            vis,
+            sig,
+            body,
+            key,
+            ttl,
+            wait,
+            guard,
+            mutable,
+            private,
+        }),
+        (errors, ..) => Err(into_error(Errors(errors))),
+    }
+}
+
+/// Every `None` on the way here reported its error; the fallback message only guards that invariant.
+fn into_error(errors: Errors) -> syn::Error {
+    errors
+        .0
+        .unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid #[distributed_lock] usage"))
+}
+
+/// The function-level rules: something must be able to run at run time and return the lock's errors.
+fn check_signature(sig: &Signature, has_body: bool, errors: &mut Errors) {
+    let name = &sig.ident;
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span,
+            format_args!(
+                "#[distributed_lock] can't be used on a `const fn`: taking a lock is I/O at run \
+                 time; remove `const` from `{name}`"
+            ),
+        ));
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.push(syn::Error::new_spanned(
+            variadic.dots,
+            format_args!(
+                "#[distributed_lock] can't be used on a variadic function; remove the `...` from \
+                 `{name}`"
+            ),
+        ));
+    }
+    if !has_body {
+        errors.push(syn::Error::new(
+            name.span(),
+            format_args!(
+                "#[distributed_lock] needs a function body to run under the lock, and `{name}` is \
+                 only declared; put the attribute on the implementation (the `impl` block's \
+                 `fn {name}`) instead"
+            ),
+        ));
+    }
+    let unit = match &sig.output {
+        ReturnType::Default => Some(name.span()),
+        ReturnType::Type(_, ty) => match &**ty {
+            Type::Tuple(tuple) if tuple.elems.is_empty() => Some(tuple.paren_token.span.join()),
+            _ => None,
+        },
+    };
+    if let Some(span) = unit {
+        errors.push(syn::Error::new(
+            span,
+            format_args!(
+                "`{name}` must return a `Result` whose error type implements \
+                 `From<lock_runtime::LockError>`, because taking the lock can fail; return e.g. \
+                 `Result<(), lock_runtime::LockError>`"
+            ),
+        ));
+    }
+}
+
+/// The names a key template may use, from the signature.
+fn scope(sig: &Signature) -> Scope {
+    let mut scope = Scope::default();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(_) => scope.receiver = true,
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(pat) => scope.params.push(pat.ident.clone()),
+                pat => {
+                    let mut bound = Vec::new();
+                    bindings(pat, &mut bound);
+                    scope
+                        .pattern_bindings
+                        .extend(bound.into_iter().map(|pat| pat.ident.clone()));
+                }
+            },
+        }
+    }
+    scope
+}
+
+/// The parameters bound with `mut` (`mut x`, `mut self`, `(mut a, b)`), see [`Locked::mutable`].
+fn mutable_bindings(sig: &Signature) -> Vec<Ident> {
+    let mut bound = Vec::new();
+    let mut mutable = Vec::new();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => {
+                if receiver.mutability.is_some() {
+                    mutable.push(Ident::new("self", receiver.self_token.span));
+                }
+            }
+            FnArg::Typed(typed) => bindings(&typed.pat, &mut bound),
+        }
+    }
+    mutable.extend(
+        bound
+            .into_iter()
+            .filter(|pat| pat.mutability.is_some() && pat.by_ref.is_none())
+            .map(|pat| pat.ident.clone()),
+    );
+    mutable
+}
+
+/// The names bound by a parameter's pattern.
+fn bindings<'a>(pat: &'a Pat, out: &mut Vec<&'a PatIdent>) {
+    match pat {
+        Pat::Ident(pat) => {
+            out.push(pat);
+            if let Some((_, sub)) = &pat.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Tuple(pat) => pat.elems.iter().for_each(|elem| bindings(elem, out)),
+        Pat::TupleStruct(pat) => pat.elems.iter().for_each(|elem| bindings(elem, out)),
+        Pat::Slice(pat) => pat.elems.iter().for_each(|elem| bindings(elem, out)),
+        Pat::Struct(pat) => pat
+            .fields
+            .iter()
+            .for_each(|field| bindings(&field.pat, out)),
+        Pat::Reference(pat) => bindings(&pat.pat, out),
+        Pat::Paren(pat) => bindings(&pat.pat, out),
+        Pat::Type(pat) => bindings(&pat.pat, out),
+        _ => {}
+    }
+}
+
+/// The span of `range` (bytes of the value) inside `lit`, where the compiler can say (nightly);
+/// otherwise the whole literal. Only plain literals without escapes map byte-for-byte.
+fn subspan(lit: &LitStr, range: Range<usize>) -> Span {
+    let token = lit.token();
+    let source = token.to_string();
+    let Some(offset) = source.find('"') else {
+        return lit.span();
+    };
+    let raw = source.starts_with('r');
+    if !raw && source.contains('\\') {
+        return lit.span();
+    }
+    let start = offset + 1 + range.start;
+    let end = (offset + 1 + range.end).max(start + 1);
+    token.subspan(start..end).unwrap_or_else(|| lit.span())
+}

@@ -1,0 +1,11 @@
+use lock_runtime::{LockError, distributed_lock};
+
+// A lone `>` is rejected rather than kept as text: it is almost always a forgotten `<`.
+#[distributed_lock(key = "wallet:user_id>")]
+fn withdraw(user_id: u64) -> Result<u64, LockError> {
+    Ok(user_id)
+}
+
+fn main() {
+    let _ = withdraw(1);
+}
