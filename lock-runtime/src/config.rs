@@ -502,7 +502,10 @@ mod tests {
             assert!(result.is_ok());
         } else {
             let msg = result.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(msg.contains("`url`") && msg.contains("`tls` feature"), "{msg}");
+            assert!(
+                msg.contains("`url`") && msg.contains("`tls` feature"),
+                "{msg}"
+            );
             assert!(!msg.contains("hunter2"), "{msg}");
         }
     }

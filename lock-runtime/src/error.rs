@@ -96,7 +96,9 @@ pub struct NodeFailure {
 pub enum FailureKind {
     /// No answer within the configured response or connect timeout.
     Timeout,
-    /// The connection could not be made or broke.
+    /// The connection could not be made (nothing was sent).
+    Refused,
+    /// The connection broke, or another I/O error.
     Io,
     /// Wrong user name or password.
     Auth,
@@ -109,6 +111,14 @@ pub enum FailureKind {
 impl FailureKind {
     /// Whether retrying the same operation later may succeed.
     pub(crate) fn is_transient(self) -> bool {
+        matches!(
+            self,
+            FailureKind::Timeout | FailureKind::Refused | FailureKind::Io
+        )
+    }
+
+    /// Whether the request may have been carried out although no answer came back.
+    pub(crate) fn may_have_applied(self) -> bool {
         matches!(self, FailureKind::Timeout | FailureKind::Io)
     }
 }
@@ -117,6 +127,7 @@ impl fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.kind {
             FailureKind::Timeout => "timed out",
+            FailureKind::Refused => "connection refused",
             FailureKind::Io => "connection failed",
             FailureKind::Auth => "authentication failed",
             FailureKind::Permission => "permission denied",
@@ -156,7 +167,9 @@ impl NodeFailure {
         use redis::ErrorKind;
         let kind = if err.is_timeout() {
             FailureKind::Timeout
-        } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        } else if err.is_connection_refusal() {
+            FailureKind::Refused
+        } else if err.is_io_error() || err.is_connection_dropped() {
             FailureKind::Io
         } else {
             match err.kind() {

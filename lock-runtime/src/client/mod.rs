@@ -390,7 +390,7 @@ impl LockClient {
                 }
                 Err(failures) => failures,
             };
-            unsure |= failures.iter().any(|f| f.kind.is_transient());
+            unsure |= failures.iter().any(|f| f.kind.may_have_applied());
             let transient = failures.iter().all(|f| f.kind.is_transient());
             if !transient || final_try {
                 break Err(unavailable(&keys, failures));
