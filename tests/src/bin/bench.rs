@@ -1,0 +1,814 @@
+//! Throughput and latency of `lock-runtime`, side by side with a hand-written `redis` loop (the
+//! floor a lock library competes with).
+//!
+//! ```text
+//! cargo run --release -p lock-tests --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
+//!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
+//!     [--only pairs,handoff,memory,redlock] [--impls crate,multiplexed,foreign] [--no-fencing]
+//! ```
+//!
+//! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
+//! always starts five local servers of its own, since it freezes one of them. Each section prints
+//! when done; a summary line with the ratios against the targets comes last.
+//!
+//! On a small VM, ping-pong latency depends on how busy the machine is (an idle vCPU takes long to
+//! wake), so compare columns of one run, and read the per-pair CPU time and context switches of
+//! section 1, which vary much less than the rates.
+//!
+//! Sections:
+//! 1. Uncontended acquire+release pairs/s, 1 task and N tasks on distinct keys: (a) this crate,
+//!    (b) `SET key token NX PX 10000` + EVALSHA compare-and-delete on one `MultiplexedConnection`,
+//!    (b2) the same loop on one `ConnectionManager` (what the crate uses) whose connection is driven
+//!    by a second runtime, as the crate's is by its own (the floor under "connections live on the
+//!    library's runtime"), and (a)/(b). Per pair: CPU time of the bench process and context switches.
+//! 2. Contended hand-off: `--waiters` tasks wait on one key while one more holds it. The holder takes
+//!    `Instant::now()` right before calling `release()`; the waiter that gets the lock next takes
+//!    `Instant::now()` when its `acquire()` returns; hand-off = the difference. The releaser queues up
+//!    again only once another task took the lock, so every sample is a hand-off to a waiter (no
+//!    barging), with exactly `--waiters` tasks waiting. Async API and blocking API (OS threads).
+//! 3. In-memory backend, uncontended pairs/s, 1 task.
+//! 4. Sequential latency of one acquire+release pair: raw redis on 1 node, this crate on 1 node, on
+//!    5 Redlock nodes, and on 5 nodes with one frozen (SIGSTOP).
+
+use std::error::Error;
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockConfig};
+use lock_tests::{RedisCluster, RedisServer, unique_key};
+use redis::AsyncCommands as _;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{ExistenceCheck, Script, SetExpiry, SetOptions};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+type Res<T> = Result<T, BoxError>;
+
+const TTL: Duration = Duration::from_secs(10);
+const TTL_MS: u64 = 10_000;
+/// How long a waiter may wait for the lock (and a releaser for its hand-off) before the bench fails.
+const WAIT: Duration = Duration::from_secs(30);
+/// Hand-offs and Redlock pairs discarded before sampling.
+const WARM_SAMPLES: usize = 50;
+
+/// The floor's release: compare-and-delete.
+const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+#[derive(Debug)]
+struct Opts {
+    url: Option<String>,
+    secs: Duration,
+    warmup: Duration,
+    tasks: usize,
+    handoffs: usize,
+    waiters: usize,
+    samples: usize,
+    only: Vec<String>,
+    /// Columns of section 1 to run (all when empty): crate, multiplexed, foreign.
+    impls: Vec<String>,
+    fencing: bool,
+}
+
+impl Opts {
+    fn parse() -> Res<Opts> {
+        let mut opts = Opts {
+            url: None,
+            secs: Duration::from_secs(3),
+            warmup: Duration::from_secs(1),
+            tasks: 16,
+            handoffs: 500,
+            waiters: 8,
+            samples: 1000,
+            only: Vec::new(),
+            impls: Vec::new(),
+            fencing: true,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+            match arg.as_str() {
+                "--url" => opts.url = Some(value()?),
+                "--secs" => opts.secs = Duration::from_secs_f64(value()?.parse()?),
+                "--warmup" => opts.warmup = Duration::from_secs_f64(value()?.parse()?),
+                "--tasks" => opts.tasks = value()?.parse()?,
+                "--handoffs" => opts.handoffs = value()?.parse()?,
+                "--waiters" => opts.waiters = value()?.parse()?,
+                "--samples" => opts.samples = value()?.parse()?,
+                "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
+                "--impls" => opts.impls = value()?.split(',').map(str::to_owned).collect(),
+                "--no-fencing" => opts.fencing = false,
+                "-h" | "--help" => {
+                    println!(
+                        "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
+                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock] [--impls crate,multiplexed,foreign] [--no-fencing]"
+                    );
+                    std::process::exit(0);
+                }
+                other => return Err(format!("unknown argument {other:?} (try --help)").into()),
+            }
+        }
+        if opts.waiters == 0 || opts.tasks == 0 || opts.handoffs == 0 || opts.samples == 0 {
+            return Err("--tasks, --handoffs, --waiters and --samples must be at least 1".into());
+        }
+        Ok(opts)
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+
+    fn runs_impl(&self, name: &str) -> bool {
+        self.impls.is_empty() || self.impls.iter().any(|s| s == name)
+    }
+
+    fn config(&self, config: LockConfig) -> LockConfig {
+        config.fencing(self.fencing)
+    }
+}
+
+fn main() -> Res<()> {
+    let opts = Opts::parse()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let load_start = loadavg();
+    let mut out = String::new();
+    let mut summary = Vec::new();
+
+    let own_server = opts.url.is_none().then(RedisServer::start);
+    let url = match (&opts.url, &own_server) {
+        (Some(url), _) => url.clone(),
+        (None, Some(server)) => server.url(),
+        (None, None) => return Err("no redis url".into()),
+    };
+    let _ = writeln!(
+        out,
+        "lock-runtime bench: redis at {url} ({}), {:.1}s per throughput run after {:.1}s warm-up, fencing {}",
+        if own_server.is_some() {
+            "own server"
+        } else {
+            "--url"
+        },
+        opts.secs.as_secs_f64(),
+        opts.warmup.as_secs_f64(),
+        if opts.fencing { "on (default)" } else { "off" },
+    );
+    let _ = writeln!(out, "load average at start: {load_start}");
+    flush(&mut out);
+
+    if opts.runs("pairs") {
+        // Stands in for the library's runtime: drives (b2)'s connection.
+        let foreign = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bench-foreign")
+            .enable_all()
+            .build()?;
+        let section = section_pairs(&opts, &url, foreign.handle(), &mut out, &mut summary);
+        runtime.block_on(section)?;
+        flush(&mut out);
+    }
+    if opts.runs("handoff") {
+        runtime.block_on(section_handoff(&opts, &url, &mut out, &mut summary))?;
+        flush(&mut out);
+    }
+    if opts.runs("memory") {
+        runtime.block_on(section_memory(&opts, &mut out))?;
+        flush(&mut out);
+    }
+    drop(own_server);
+    if opts.runs("redlock") {
+        section_redlock(&opts, &runtime, &mut out, &mut summary)?;
+        flush(&mut out);
+    }
+
+    let _ = writeln!(out, "\nload average at end: {}", loadavg());
+    let _ = writeln!(out, "\nSUMMARY: {}", summary.join("; "));
+    print!("{out}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Uncontended pairs/s
+
+/// One implementation of "acquire then release an uncontended lock".
+#[derive(Clone)]
+enum Locker {
+    Crate(LockClient),
+    Multiplexed(MultiplexedConnection, Arc<Script>),
+    Manager(ConnectionManager, Arc<Script>),
+    /// The raw loop fanned out to independent nodes: done once a majority answered each step.
+    Quorum(Vec<MultiplexedConnection>, Arc<Script>),
+}
+
+impl Locker {
+    async fn pair(&mut self, key: &str, token: &str) -> Res<()> {
+        match self {
+            Locker::Crate(client) => {
+                let guard = client.lock(key).ttl(TTL).acquire().await?;
+                guard.release().await?;
+                Ok(())
+            }
+            Locker::Multiplexed(conn, script) => raw_pair(conn, script, key, token).await,
+            Locker::Manager(conn, script) => raw_pair(conn, script, key, token).await,
+            Locker::Quorum(conns, script) => {
+                let need = conns.len() / 2 + 1;
+                let acquires = conns.iter().map(|conn| {
+                    let mut conn = conn.clone();
+                    async move { raw_set(&mut conn, key, token).await }
+                });
+                first_n(acquires.collect(), need).await?;
+                let script: &Script = script;
+                let releases = conns.iter().map(|conn| {
+                    let mut conn = conn.clone();
+                    async move { raw_release(&mut conn, script, key, token).await }
+                });
+                first_n(releases.collect(), need).await
+            }
+        }
+    }
+}
+
+async fn raw_pair<C>(conn: &mut C, release: &Script, key: &str, token: &str) -> Res<()>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    raw_set(conn, key, token).await?;
+    raw_release(conn, release, key, token).await
+}
+
+/// `SET key token NX PX 10000`.
+async fn raw_set<C>(conn: &mut C, key: &str, token: &str) -> Res<()>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let options = SetOptions::default()
+        .conditional_set(ExistenceCheck::NX)
+        .with_expiration(SetExpiry::PX(TTL_MS));
+    let set: Option<String> = conn.set_options(key, token, options).await?;
+    if set.is_none() {
+        return Err(format!("raw: {key} unexpectedly held").into());
+    }
+    Ok(())
+}
+
+/// EVALSHA of the compare-and-delete script.
+async fn raw_release<C>(conn: &mut C, release: &Script, key: &str, token: &str) -> Res<()>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let deleted: i64 = release.key(key).arg(token).invoke_async(conn).await?;
+    if deleted != 1 {
+        return Err(format!("raw: {key} was not ours at release").into());
+    }
+    Ok(())
+}
+
+/// Runs `tasks` loops of pairs on distinct keys for warm-up + `secs`; pairs/s over the measured part.
+async fn pairs_per_sec(locker: &Locker, tasks: usize, opts: &Opts) -> Res<Rate> {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let base = unique_key("bench:pairs");
+    let mut handles = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (mut locker, count, stop) = (locker.clone(), Arc::clone(&count), Arc::clone(&stop));
+        let key = format!("{base}:{t}");
+        handles.push(tokio::spawn(async move {
+            let mut n: u64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // A fresh token per acquisition, as a real lock needs (cheap: no randomness).
+                let token = format!("{t:08x}{n:024x}");
+                locker.pair(&key, &token).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    tokio::time::sleep(opts.warmup).await;
+    let (c0, t0, u0) = (count.load(Ordering::Relaxed), Instant::now(), Usage::now());
+    tokio::time::sleep(opts.secs).await;
+    let (c1, t1, u1) = (count.load(Ordering::Relaxed), Instant::now(), Usage::now());
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await??;
+    }
+    let pairs = (c1 - c0).max(1) as f64;
+    Ok(Rate {
+        per_sec: pairs / (t1 - t0).as_secs_f64(),
+        cpu_us: (u1.cpu - u0.cpu) * 1e6 / pairs,
+        switches: (u1.switches - u0.switches) as f64 / pairs,
+    })
+}
+
+/// Pairs per second, and what one pair cost this process (all threads; not redis-server).
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    per_sec: f64,
+    cpu_us: f64,
+    switches: f64,
+}
+
+impl Rate {
+    const SKIPPED: Rate = Rate {
+        per_sec: f64::NAN,
+        cpu_us: f64::NAN,
+        switches: f64::NAN,
+    };
+
+    fn cost(&self) -> String {
+        format!("{:.0}us {:.1}cs", self.cpu_us, self.switches)
+    }
+}
+
+/// CPU time (user + system, seconds) and context switches of this process so far, from `/proc`
+/// (zero where unavailable). The CPU clock ticks at 100 Hz, fine over a run of seconds.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    cpu: f64,
+    switches: u64,
+}
+
+impl Usage {
+    fn now() -> Usage {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let cpu = (ticks(11) + ticks(12)) as f64 / 100.0;
+        let mut switches = 0;
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for task in tasks.flatten() {
+                let status =
+                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                switches += status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum::<u64>();
+            }
+        }
+        Usage { cpu, switches }
+    }
+}
+
+async fn section_pairs(
+    opts: &Opts,
+    url: &str,
+    foreign: &tokio::runtime::Handle,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+    let redis = redis::Client::open(url)?;
+    let script = Arc::new(Script::new(RELEASE_LUA));
+    let multiplexed = Locker::Multiplexed(
+        redis.get_multiplexed_async_connection().await?,
+        Arc::clone(&script),
+    );
+    // Made on the foreign runtime, so its connection task and reconnects run there.
+    let manager = foreign.spawn(ConnectionManager::new(redis)).await??;
+    let manager = Locker::Manager(manager, script);
+    let ours = Locker::Crate(client);
+
+    let _ = writeln!(
+        out,
+        "\n1. Uncontended acquire+release, pairs/s (each task its own key, ttl 10s)"
+    );
+    let _ = writeln!(
+        out,
+        "   {:>5}  {:>16}  {:>16}  {:>16}  {:>7}",
+        "tasks", "(a) lock-runtime", "(b) raw, 1 conn", "(b2) raw, foreign", "(a)/(b)"
+    );
+    let mut ratios = Vec::new();
+    let mut costs = Vec::new();
+    for tasks in [1, opts.tasks] {
+        let rate = async |name: &str, locker: &Locker| -> Res<Rate> {
+            if opts.runs_impl(name) {
+                pairs_per_sec(locker, tasks, opts).await
+            } else {
+                Ok(Rate::SKIPPED)
+            }
+        };
+        let a = rate("crate", &ours).await?;
+        let b = rate("multiplexed", &multiplexed).await?;
+        let b2 = rate("foreign", &manager).await?;
+        let ratio = a.per_sec / b.per_sec;
+        let _ = writeln!(
+            out,
+            "   {tasks:>5}  {:>16.0}  {:>16.0}  {:>16.0}  {ratio:>6.2}x",
+            a.per_sec, b.per_sec, b2.per_sec
+        );
+        costs.push(format!(
+            "   {tasks:>5}  {:>16}  {:>16}  {:>16}",
+            a.cost(),
+            b.cost(),
+            b2.cost()
+        ));
+        ratios.push(format!("{tasks} task(s) {ratio:.2}x"));
+    }
+    let _ = writeln!(
+        out,
+        "   cost per pair in the bench process (CPU time of all its threads, context switches):"
+    );
+    for line in costs {
+        let _ = writeln!(out, "{line}");
+    }
+    summary.push(format!(
+        "uncontended (a)/(b): {} (target >= 0.80x)",
+        ratios.join(", ")
+    ));
+    Ok(())
+}
+
+/// Resolves once `need` of `futures` succeeded (dropping the rest), or fails when that became
+/// impossible. A minimal `FuturesUnordered` with early exit, enough for five nodes.
+async fn first_n<F>(futures: Vec<F>, need: usize) -> Res<()>
+where
+    F: Future<Output = Res<()>>,
+{
+    let mut pending: Vec<Option<Pin<Box<F>>>> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let (mut ok, mut failed) = (0, 0);
+    let total = pending.len();
+    std::future::poll_fn(|cx| {
+        for slot in &mut pending {
+            let Some(future) = slot else { continue };
+            if let Poll::Ready(result) = future.as_mut().poll(cx) {
+                *slot = None;
+                match result {
+                    Ok(()) => ok += 1,
+                    Err(_) => failed += 1,
+                }
+            }
+        }
+        if ok >= need {
+            Poll::Ready(Ok(()))
+        } else if total - failed < need {
+            Poll::Ready(Err("raw: no quorum".into()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Contended hand-off
+
+/// Shared state of one hand-off run: who released last and when, and how many hand-offs happened.
+struct Handoffs {
+    /// (releasing task, `Instant` taken right before it called release).
+    released: Mutex<Option<(usize, Instant)>>,
+    samples: Mutex<Vec<Duration>>,
+    /// Number of acquisitions so far; a releaser waits for it to move before queueing up again.
+    grants: Mutex<u64>,
+    granted: Condvar,
+    grants_async: tokio::sync::watch::Sender<u64>,
+    done: AtomicBool,
+    wanted: usize,
+}
+
+impl Handoffs {
+    fn new(wanted: usize) -> Arc<Self> {
+        Arc::new(Handoffs {
+            released: Mutex::new(None),
+            samples: Mutex::new(Vec::with_capacity(wanted + WARM_SAMPLES)),
+            grants: Mutex::new(0),
+            granted: Condvar::new(),
+            grants_async: tokio::sync::watch::Sender::new(0),
+            done: AtomicBool::new(false),
+            wanted: wanted + WARM_SAMPLES,
+        })
+    }
+
+    /// Called by task `me` right after its acquire returned at `got`. Returns the grant number and
+    /// whether the run is complete (the caller then releases and stops).
+    fn acquired(&self, me: usize, got: Instant) -> Res<(u64, bool)> {
+        let previous = lock(&self.released).take();
+        let mut samples = lock(&self.samples);
+        if let Some((from, at)) = previous {
+            if from == me {
+                return Err("hand-off to the releasing task itself".into());
+            }
+            samples.push(got - at);
+        }
+        let finished = samples.len() >= self.wanted;
+        drop(samples);
+        if finished {
+            self.done.store(true, Ordering::SeqCst);
+        }
+        let grant = {
+            let mut grants = lock(&self.grants);
+            *grants += 1;
+            *grants
+        };
+        self.granted.notify_all();
+        self.grants_async.send_replace(grant);
+        Ok((grant, finished || self.done.load(Ordering::SeqCst)))
+    }
+
+    /// Stamps the release: the last thing before calling `release()`.
+    fn releasing(&self, me: usize) {
+        *lock(&self.released) = Some((me, Instant::now()));
+    }
+
+    fn wait_next_grant_blocking(&self, grant: u64) -> Res<()> {
+        let grants = lock(&self.grants);
+        let (_grants, timeout) = self
+            .granted
+            .wait_timeout_while(grants, WAIT, |n| *n <= grant)
+            .unwrap_or_else(PoisonError::into_inner);
+        if timeout.timed_out() {
+            return Err("nobody took the lock after a release".into());
+        }
+        Ok(())
+    }
+
+    async fn wait_next_grant(&self, grant: u64) -> Res<()> {
+        let mut rx = self.grants_async.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|n| *n > grant))
+            .await
+            .map_err(|_| "nobody took the lock after a release")??;
+        Ok(())
+    }
+
+    /// The measured samples (after the warm-up ones).
+    fn into_samples(self: Arc<Self>) -> Vec<Duration> {
+        let mut samples = std::mem::take(&mut *lock(&self.samples));
+        samples.drain(..WARM_SAMPLES.min(samples.len()));
+        samples
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn handoff_async(client: &LockClient, opts: &Opts) -> Res<Vec<Duration>> {
+    let key = unique_key("bench:handoff");
+    let state = Handoffs::new(opts.handoffs);
+    let mut handles = Vec::new();
+    // One holder plus `waiters` waiting at every hand-off.
+    for me in 0..=opts.waiters {
+        let (client, key, state) = (client.clone(), key.clone(), Arc::clone(&state));
+        handles.push(tokio::spawn(async move {
+            loop {
+                let guard = client.lock(&key).ttl(TTL).wait(WAIT).acquire().await?;
+                let (grant, finished) = state.acquired(me, Instant::now())?;
+                state.releasing(me);
+                guard.release().await?;
+                if finished {
+                    return Ok::<_, BoxError>(());
+                }
+                state.wait_next_grant(grant).await?;
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(state.into_samples())
+}
+
+fn handoff_blocking(client: &LockClient, opts: &Opts) -> Res<Vec<Duration>> {
+    let key = unique_key("bench:handoff-sync");
+    let state = Handoffs::new(opts.handoffs);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..=opts.waiters)
+            .map(|me| {
+                let (client, key, state) = (client.clone(), key.clone(), Arc::clone(&state));
+                scope.spawn(move || -> Res<()> {
+                    loop {
+                        let guard = client.lock(&key).ttl(TTL).wait(WAIT).acquire_blocking()?;
+                        let (grant, finished) = state.acquired(me, Instant::now())?;
+                        state.releasing(me);
+                        guard.release_blocking()?;
+                        if finished {
+                            return Ok(());
+                        }
+                        state.wait_next_grant_blocking(grant)?;
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        }
+        Ok::<_, BoxError>(())
+    })?;
+    Ok(state.into_samples())
+}
+
+async fn section_handoff(
+    opts: &Opts,
+    url: &str,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+    let _ = writeln!(
+        out,
+        "\n2. Contended hand-off, {} waiters + 1 holder on one key \
+         (holder's Instant before release() -> next waiter's acquire returns)",
+        opts.waiters
+    );
+    let _ = writeln!(out, "   {}", Stats::header("api"));
+    let samples = handoff_async(&client, opts).await?;
+    let stats = Stats::of(samples);
+    let _ = writeln!(out, "   {}", stats.row("async (tasks)"));
+    summary.push(format!(
+        "hand-off p50 {} / p99 {} (target p50 <= 1 ms)",
+        ms(stats.p50),
+        ms(stats.p99)
+    ));
+    // The threads block on `acquire_blocking`; keep them off this runtime's workers.
+    let blocking = tokio::task::block_in_place(|| handoff_blocking(&client, opts))?;
+    let stats = Stats::of(blocking);
+    let _ = writeln!(out, "   {}", stats.row("blocking (threads)"));
+    summary.push(format!("blocking hand-off p50 {}", ms(stats.p50)));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. In-memory backend
+
+async fn section_memory(opts: &Opts, out: &mut String) -> Res<()> {
+    let client = LockClient::new(opts.config(LockConfig::in_memory()))?;
+    let rate = pairs_per_sec(&Locker::Crate(client), 1, opts).await?;
+    let _ = writeln!(
+        out,
+        "\n3. In-memory backend, uncontended acquire+release, 1 task: {:.0} pairs/s ({} per pair)",
+        rate.per_sec,
+        rate.cost()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Redlock
+
+/// Sequential latency of `samples` pairs on one key (after a warm-up).
+async fn pair_latencies(locker: &Locker, samples: usize) -> Res<Vec<Duration>> {
+    let mut locker = locker.clone();
+    let key = unique_key("bench:latency");
+    let mut out = Vec::with_capacity(samples);
+    for n in 0..samples + WARM_SAMPLES {
+        let token = format!("{n:032x}");
+        let start = Instant::now();
+        locker.pair(&key, &token).await?;
+        if n >= WARM_SAMPLES {
+            out.push(start.elapsed());
+        }
+    }
+    Ok(out)
+}
+
+fn section_redlock(
+    opts: &Opts,
+    runtime: &tokio::runtime::Runtime,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let cluster = RedisCluster::start(5);
+    let urls = cluster.urls();
+    let _ = writeln!(
+        out,
+        "\n4. One acquire+release pair, sequential, own local servers (latency)"
+    );
+    let _ = writeln!(out, "   {}", Stats::header("setup"));
+    let (single, five_stats, five) = runtime.block_on(async {
+        let redis = redis::Client::open(urls[0].as_str())?;
+        let raw = Locker::Multiplexed(
+            redis.get_multiplexed_async_connection().await?,
+            Arc::new(Script::new(RELEASE_LUA)),
+        );
+        let raw = Stats::of(pair_latencies(&raw, opts.samples).await?);
+        let _ = writeln!(out, "   {}", raw.row("raw redis, 1 node"));
+        let one = Locker::Crate(LockClient::new(opts.config(LockConfig::single(&urls[0])))?);
+        let single = Stats::of(pair_latencies(&one, opts.samples).await?);
+        let _ = writeln!(out, "   {}", single.row("lock-runtime, 1 node"));
+        let mut conns = Vec::new();
+        for url in &urls {
+            conns.push(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        let quorum = Locker::Quorum(conns, Arc::new(Script::new(RELEASE_LUA)));
+        let raw5 = Stats::of(pair_latencies(&quorum, opts.samples).await?);
+        let _ = writeln!(out, "   {}", raw5.row("raw redis, 5 nodes (quorum 3)"));
+        let five = Locker::Crate(LockClient::new(
+            opts.config(LockConfig::redlock(urls.iter())),
+        )?);
+        let five_stats = Stats::of(pair_latencies(&five, opts.samples).await?);
+        let _ = writeln!(out, "   {}", five_stats.row("lock-runtime, 5 nodes"));
+        let _ = writeln!(
+            out,
+            "   p50 lock-runtime / raw: 1 node {:.2}x, 5 nodes {:.2}x",
+            single.p50.as_secs_f64() / raw.p50.as_secs_f64(),
+            five_stats.p50.as_secs_f64() / raw5.p50.as_secs_f64()
+        );
+        Ok::<_, BoxError>((single, five_stats, five))
+    })?;
+    cluster.nodes[4].freeze();
+    let frozen = runtime.block_on(pair_latencies(&five, opts.samples));
+    cluster.nodes[4].thaw();
+    let frozen = Stats::of(frozen?);
+    let _ = writeln!(out, "   {}", frozen.row("lock-runtime, 5 nodes, 1 frozen"));
+    let ratio = five_stats.p50.as_secs_f64() / single.p50.as_secs_f64();
+    let frozen_ratio = frozen.p50.as_secs_f64() / single.p50.as_secs_f64();
+    let _ = writeln!(
+        out,
+        "   p50 5 nodes / 1 node: {ratio:.2}x (target <= 1.5x); 1 frozen / 1 node: {frozen_ratio:.2}x"
+    );
+    summary.push(format!(
+        "redlock p50 5/1 nodes {ratio:.2}x, 1 frozen {frozen_ratio:.2}x (target <= 1.5x)"
+    ));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and formatting
+
+struct Stats {
+    n: usize,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+impl Stats {
+    fn of(mut samples: Vec<Duration>) -> Stats {
+        samples.sort_unstable();
+        // Nearest rank: the smallest sample with at least p of all samples at or below it.
+        let rank = |p: f64| {
+            let i = (p * samples.len() as f64).ceil() as usize;
+            samples
+                .get(i.saturating_sub(1))
+                .copied()
+                .unwrap_or_default()
+        };
+        Stats {
+            n: samples.len(),
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: samples.last().copied().unwrap_or_default(),
+        }
+    }
+
+    fn header(first: &str) -> String {
+        format!(
+            "{first:<32}  {:>7}  {:>9}  {:>9}  {:>9}  {:>9}",
+            "samples", "p50", "p90", "p99", "max"
+        )
+    }
+
+    fn row(&self, name: &str) -> String {
+        format!(
+            "{name:<32}  {:>7}  {:>9}  {:>9}  {:>9}  {:>9}",
+            self.n,
+            ms(self.p50),
+            ms(self.p90),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}ms", d.as_secs_f64() * 1e3)
+}
+
+fn flush(out: &mut String) {
+    print!("{out}");
+    out.clear();
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "unknown".to_owned(),
+        |s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
