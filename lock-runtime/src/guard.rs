@@ -1,12 +1,12 @@
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::LockError;
-use crate::client::{LockClient, LockKeys, Token};
+use crate::client::{LockClient, LockKeys, Token, background_gone};
+use crate::{LockError, global};
 
 /// One acquisition, shared by its guard and the renewal driver.
 pub(crate) struct Held {
@@ -17,6 +17,8 @@ pub(crate) struct Held {
     pub(crate) fence: Option<u64>,
     /// Cancelled when the lock is declared lost.
     pub(crate) lost: CancellationToken,
+    /// Set when the guard releases: renewal stops.
+    pub(crate) released: AtomicBool,
 }
 
 impl Held {
@@ -34,6 +36,7 @@ impl Held {
             ttl,
             fence,
             lost: CancellationToken::new(),
+            released: AtomicBool::new(false),
         }
     }
 }
@@ -95,16 +98,16 @@ impl LockGuard {
     /// Releases the lock. `Err(Lost)` when it was no longer ours (lost before or found taken at
     /// release), `Err(Unavailable)` when Redis could not be reached (the lock then expires by its TTL).
     pub async fn release(mut self) -> Result<(), LockError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let release = self.start_release();
+        let runtime = &self.client.inner.runtime;
+        if global::on(runtime) {
+            return global::InPlace::new(release, runtime.clone(), None).await;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.client.inner.runtime.spawn(async move {
             let _ = tx.send(release.await);
         });
-        rx.await.unwrap_or_else(|_| {
-            Err(LockError::Runtime {
-                reason: "the lock runtime stopped before answering".to_owned(),
-            })
-        })
+        rx.await.unwrap_or_else(|_| Err(background_gone()))
     }
 
     /// Releases the lock from sync code (blocks this thread, also inside an async runtime).
@@ -114,11 +117,7 @@ impl LockGuard {
         self.client.inner.runtime.spawn(async move {
             let _ = tx.send(release.await);
         });
-        rx.recv().unwrap_or_else(|_| {
-            Err(LockError::Runtime {
-                reason: "the lock runtime stopped before answering".to_owned(),
-            })
-        })
+        global::wait_for(&self.client.inner.runtime, rx).unwrap_or_else(|| Err(background_gone()))
     }
 
     /// Stops renewal and returns the release to run on the library's runtime.
@@ -127,7 +126,7 @@ impl LockGuard {
         // Read before unregistering: a renewal refused because of this very release must not
         // count as a loss.
         let was_lost = self.is_lost();
-        self.client.inner.renewer.unregister(self.held.id);
+        self.held.released.store(true, Ordering::Release);
         let backend = Arc::clone(&self.client.inner.backend);
         let held = Arc::clone(&self.held);
         async move {

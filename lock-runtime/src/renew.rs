@@ -6,10 +6,11 @@
 //! deadline passes without a confirmed extension; one failed request is retried, not a loss.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -20,40 +21,89 @@ use crate::guard::Held;
 /// Renewals due within this much of each other go out in the same batch.
 const BATCH_WINDOW: Duration = Duration::from_millis(20);
 
-enum Command {
-    Register(Arc<Held>, Instant),
-    Unregister(u64),
-}
+/// Joining locks wake the driver early once this many wait to be picked up.
+const JOIN_BACKLOG: usize = 4096;
 
 /// The handle locks use to join and leave the client's renewal driver.
+///
+/// Joining and leaving do not wake the driver: a new lock is queued, and wakes the driver only
+/// when its first renewal is due before the driver's next wake-up; a released lock is flagged and
+/// dropped when the driver next looks at it. Taking and releasing a lock thus costs the driver
+/// nothing, and the driver wakes about once per renewal period however many locks come and go.
 pub(crate) struct Renewer {
-    commands: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    joining: Mutex<Vec<(Arc<Held>, Instant)>>,
+    wake: Notify,
+    /// The driver's next wake-up in ms since `epoch` (`u64::MAX`: none).
+    next_wake_ms: AtomicU64,
+    epoch: Instant,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn take_joining(&self) -> Vec<(Arc<Held>, Instant)> {
+        std::mem::take(&mut *self.joining.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl Renewer {
-    /// Starts the driver on the current runtime (the library's).
+    /// Starts the driver on the current runtime (the client's).
     pub(crate) fn start(backend: Arc<Backend>, settings: Arc<Settings>) -> Self {
-        let (commands, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            joining: Mutex::new(Vec::new()),
+            wake: Notify::new(),
+            next_wake_ms: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            closed: AtomicBool::new(false),
+        });
         let driver = Driver {
+            shared: Arc::clone(&shared),
             backend,
             settings,
             entries: HashMap::new(),
             timers: BTreeSet::new(),
             in_flight: JoinSet::new(),
         };
-        tokio::spawn(driver.run(rx));
-        Renewer { commands }
+        tokio::spawn(driver.run());
+        Renewer { shared }
     }
 
-    /// Keeps `held` alive until unregistered; it is valid until `valid_until` as of now.
-    pub(crate) fn register(&self, held: Arc<Held>, valid_until: std::time::Instant) {
-        let _ = self
-            .commands
-            .send(Command::Register(held, Instant::from_std(valid_until)));
+    /// Keeps `held` alive until it is released; it is valid until `valid_until` as of now.
+    pub(crate) fn register(
+        &self,
+        held: Arc<Held>,
+        valid_until: std::time::Instant,
+        every: Duration,
+    ) {
+        let renew_at = self.shared.ms(Instant::now() + every);
+        let backlog = {
+            let mut joining = self
+                .shared
+                .joining
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            joining.push((held, Instant::from_std(valid_until)));
+            joining.len()
+        };
+        // Read after queueing: the driver publishes its wake-up before it looks at the queue, so
+        // either it sees this lock or this sees the wake-up it settled on.
+        if renew_at < self.shared.next_wake_ms.load(Ordering::SeqCst) || backlog >= JOIN_BACKLOG {
+            self.shared.wake.notify_one();
+        }
     }
+}
 
-    pub(crate) fn unregister(&self, id: u64) {
-        let _ = self.commands.send(Command::Unregister(id));
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
     }
 }
 
@@ -81,6 +131,7 @@ impl Entry {
 type BatchResult = Vec<(u64, Instant, ExtendOutcome)>;
 
 struct Driver {
+    shared: Arc<Shared>,
     backend: Arc<Backend>,
     settings: Arc<Settings>,
     entries: HashMap<u64, Entry>,
@@ -90,21 +141,34 @@ struct Driver {
 }
 
 impl Driver {
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn run(mut self) {
         loop {
             let next = self.timers.first().map(|(at, _)| *at);
-            tokio::select! {
-                command = commands.recv() => match command {
-                    Some(Command::Register(held, valid_until)) => self.insert(held, valid_until),
-                    Some(Command::Unregister(id)) => self.remove(id),
-                    None => return,
-                },
-                Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    if let Ok(results) = done {
-                        self.apply(results);
+            self.shared.next_wake_ms.store(
+                next.map_or(u64::MAX, |at| self.shared.ms(at)),
+                Ordering::SeqCst,
+            );
+            let joined = self.shared.take_joining();
+            if joined.is_empty() {
+                tokio::select! {
+                    () = self.shared.wake.notified() => {}
+                    Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                        if let Ok(results) = done {
+                            self.apply(results);
+                        }
                     }
+                    () = sleep_until(next) => {}
                 }
-                () = sleep_until(next) => {}
+            } else {
+                for (held, valid_until) in joined {
+                    self.insert(held, valid_until);
+                }
+            }
+            if self.shared.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            for (held, valid_until) in self.shared.take_joining() {
+                self.insert(held, valid_until);
             }
             self.tick(Instant::now());
         }
@@ -128,6 +192,12 @@ impl Driver {
         if let Some(entry) = self.entries.remove(&id) {
             self.timers.remove(&(entry.timer, id));
         }
+    }
+
+    fn is_released(&self, id: u64) -> bool {
+        self.entries
+            .get(&id)
+            .is_none_or(|entry| entry.held.released.load(Ordering::Acquire))
     }
 
     fn reschedule(&mut self, id: u64) {
@@ -157,6 +227,10 @@ impl Driver {
             .collect();
         let mut due = Vec::new();
         for id in candidates {
+            if self.is_released(id) {
+                self.remove(id);
+                continue;
+            }
             let Some(entry) = self.entries.get(&id) else {
                 continue;
             };
@@ -194,8 +268,13 @@ impl Driver {
     fn apply(&mut self, results: BatchResult) {
         let now = Instant::now();
         for (id, sent, outcome) in results {
+            if self.is_released(id) {
+                // Released (or declared lost) while the extension was in flight: a "not ours"
+                // may be that very release.
+                self.remove(id);
+                continue;
+            }
             let Some(entry) = self.entries.get_mut(&id) else {
-                // Released (or declared lost) while the extension was in flight.
                 continue;
             };
             entry.in_flight = false;

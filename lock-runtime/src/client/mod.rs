@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Settings, ValidBackend};
 use crate::error::{FailureKind, LockError, NodeFailure};
+use crate::global::InPlace;
 use crate::guard::{Held, LockGuard};
 use crate::renew::Renewer;
 use crate::wait::{Backoff, WakeHandle, WakeRegistry};
@@ -220,8 +222,11 @@ impl LockClient {
     /// neither blocks nor fails when Redis is down; lock calls then report `Unavailable`.
     pub fn new(config: LockConfig) -> Result<LockClient, LockError> {
         let valid = config.validate()?;
-        let runtime = global::runtime()?;
-        // The connection manager and the renewal driver spawn onto the current runtime: ours.
+        let runtime = match valid.runtime {
+            Some(runtime) => runtime,
+            None => global::runtime()?.clone(),
+        };
+        // The connection manager and the renewal driver spawn onto the current runtime: this one.
         let _entered = runtime.enter();
         let settings = Arc::new(valid.settings);
         let wakers = Arc::new(WakeRegistry::default());
@@ -244,7 +249,7 @@ impl LockClient {
                 backend,
                 settings,
                 renewer,
-                runtime: runtime.clone(),
+                runtime,
                 wakers,
             }),
         })
@@ -255,7 +260,7 @@ impl LockClient {
         crate::Lock::with_client(self.clone(), key.into())
     }
 
-    /// Acquires on the library's runtime, from any async context. If the caller's future is
+    /// Acquires on the client's runtime, from any async context. If the caller's future is
     /// dropped meanwhile, waiting stops and a lock granted in the meantime is released.
     pub(crate) async fn acquire(
         &self,
@@ -263,6 +268,15 @@ impl LockClient {
         ttl: Option<Duration>,
         wait: Option<Duration>,
     ) -> Result<LockGuard, LockError> {
+        if global::on(&self.inner.runtime) {
+            let abandoned = CancellationToken::new();
+            let gone = abandoned.clone().cancelled_owned();
+            let client = self.clone();
+            let work = async move { client.acquire_here(name, ttl, wait, gone).await };
+            let outcome = InPlace::new(work, self.inner.runtime.clone(), Some(abandoned)).await;
+            // `None` only once abandoned, and then nobody reads this.
+            return outcome.unwrap_or_else(|| Err(background_gone()));
+        }
         let (tx, rx) = oneshot::channel();
         let client = self.clone();
         self.inner.runtime.spawn(async move {
@@ -294,7 +308,7 @@ impl LockClient {
                 let _ = tx.send(result);
             }
         });
-        rx.recv().unwrap_or_else(|_| Err(background_gone()))
+        global::wait_for(&self.inner.runtime, rx).unwrap_or_else(|| Err(background_gone()))
     }
 
     /// The acquire loop; runs on the library's runtime. `None` when the caller went away.
@@ -427,7 +441,10 @@ impl LockClient {
         valid_until: Instant,
     ) -> LockGuard {
         let held = Arc::new(Held::new(keys, token, ttl, fence));
-        self.inner.renewer.register(Arc::clone(&held), valid_until);
+        let every = self.inner.settings.renew_every(ttl);
+        self.inner
+            .renewer
+            .register(Arc::clone(&held), valid_until, every);
         LockGuard::new(self.clone(), held)
     }
 
@@ -470,7 +487,7 @@ fn unavailable(keys: &LockKeys, causes: Vec<NodeFailure>) -> LockError {
     }
 }
 
-fn background_gone() -> LockError {
+pub(crate) fn background_gone() -> LockError {
     LockError::Runtime {
         reason: "the lock runtime stopped before answering".to_owned(),
     }

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--only pairs,handoff,memory,redlock] [--impls crate,multiplexed,foreign] [--no-fencing]
+//!     [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
 //!
 //! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
@@ -108,7 +108,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock] [--impls crate,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -386,6 +386,11 @@ async fn section_pairs(
     let manager = foreign.spawn(ConnectionManager::new(redis)).await??;
     let manager = Locker::Manager(manager, script);
     let ours = Locker::Crate(client);
+    // The same crate, hosted on the bench's own runtime (`LockConfig::runtime`): no hop.
+    let hosted = Locker::Crate(LockClient::new(
+        opts.config(LockConfig::single(url))
+            .runtime(tokio::runtime::Handle::current()),
+    )?);
 
     let _ = writeln!(
         out,
@@ -393,8 +398,14 @@ async fn section_pairs(
     );
     let _ = writeln!(
         out,
-        "   {:>5}  {:>16}  {:>16}  {:>16}  {:>7}",
-        "tasks", "(a) lock-runtime", "(b) raw, 1 conn", "(b2) raw, foreign", "(a)/(b)"
+        "   {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>7}  {:>7}",
+        "tasks",
+        "(a) lock-runtime",
+        "(a2) on caller rt",
+        "(b) raw, 1 conn",
+        "(b2) raw, foreign",
+        "(a)/(b)",
+        "(a2)/(b)"
     );
     let mut ratios = Vec::new();
     let mut costs = Vec::new();
@@ -407,21 +418,26 @@ async fn section_pairs(
             }
         };
         let a = rate("crate", &ours).await?;
+        let a2 = rate("hosted", &hosted).await?;
         let b = rate("multiplexed", &multiplexed).await?;
         let b2 = rate("foreign", &manager).await?;
         let ratio = a.per_sec / b.per_sec;
+        let ratio2 = a2.per_sec / b.per_sec;
         let _ = writeln!(
             out,
-            "   {tasks:>5}  {:>16.0}  {:>16.0}  {:>16.0}  {ratio:>6.2}x",
-            a.per_sec, b.per_sec, b2.per_sec
+            "   {tasks:>5}  {:>16.0}  {:>16.0}  {:>16.0}  {:>16.0}  {ratio:>6.2}x  {ratio2:>6.2}x",
+            a.per_sec, a2.per_sec, b.per_sec, b2.per_sec
         );
         costs.push(format!(
-            "   {tasks:>5}  {:>16}  {:>16}  {:>16}",
+            "   {tasks:>5}  {:>16}  {:>16}  {:>16}  {:>16}",
             a.cost(),
+            a2.cost(),
             b.cost(),
             b2.cost()
         ));
-        ratios.push(format!("{tasks} task(s) {ratio:.2}x"));
+        ratios.push(format!(
+            "{tasks} task(s) {ratio:.2}x (on the caller's runtime {ratio2:.2}x)"
+        ));
     }
     let _ = writeln!(
         out,

@@ -32,6 +32,23 @@ impl Fx {
         Fx::on(server, &url)
     }
 
+    /// Clients hosted on the calling test's own runtime (`LockConfig::runtime`): lock operations
+    /// run in place on it instead of hopping to the library's runtime.
+    pub(crate) fn redis_hosted() -> Fx {
+        let server = RedisServer::start();
+        let url = server.url();
+        let config = || {
+            LockConfig::single(&url)
+                .retry_delay(Duration::from_millis(50))
+                .runtime(tokio::runtime::Handle::current())
+        };
+        Fx {
+            a: LockClient::new(config()).unwrap(),
+            b: LockClient::new(config()).unwrap(),
+            server: Some(server),
+        }
+    }
+
     /// A user limited to what the crate needs: its scripts, pub/sub on its channels, keys and
     /// channels under its prefix.
     pub(crate) fn redis_acl() -> Fx {

@@ -1,0 +1,44 @@
+//! The behaviour suite with clients hosted on the test's own runtime (`LockConfig::runtime`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod behaviour;
+
+use lock_runtime::{LockClient, LockConfig, LockError};
+
+behaviour_tests!(behaviour::Fx::redis_hosted());
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_current_thread_runtime_is_refused() {
+    let config = LockConfig::in_memory().runtime(tokio::runtime::Handle::current());
+    match LockClient::new(config) {
+        Err(LockError::Config { field, .. }) => assert_eq!(field, "runtime"),
+        other => panic!("expected a config error naming `runtime`, got {other:?}"),
+    }
+}
+
+/// Once the hosting runtime is gone, lock calls fail with `Runtime` instead of hanging.
+#[test]
+fn a_dead_hosting_runtime_is_an_error_not_a_hang() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = LockClient::new(LockConfig::in_memory().runtime(rt.handle().clone())).unwrap();
+    rt.block_on(async {
+        client
+            .lock("hosted:dead")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    drop(rt);
+    match client.lock("hosted:dead").acquire_blocking() {
+        Err(LockError::Runtime { .. }) => {}
+        other => panic!("expected a runtime error, got {other:?}"),
+    }
+}
