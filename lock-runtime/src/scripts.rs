@@ -52,3 +52,16 @@ return 0
 ",
     )
 });
+
+/// KEYS: lock. ARGV: token. Deletes the lock when it is ours, without waking anyone: for grants
+/// of an attempt that did not win a quorum (they never were a lock). Returns 1 when deleted.
+pub(crate) static WITHDRAW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+    )
+});

@@ -27,7 +27,7 @@ pub(crate) use single::RedisNode;
 
 /// The Redis keys and channel of one lock. They share a Redis Cluster hash tag: the caller's own
 /// `{tag}` when the key has one, else the whole key wrapped in braces.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// The key as the caller wrote it (in errors and `LockGuard::key`).
     pub(crate) name: String,

@@ -1,13 +1,19 @@
 //! Redlock: N independent Redis masters, each running the single-node operations; a lock is held
 //! while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
 //! as soon as the quorum is won or can no longer be won: a slow or frozen minority never delays it.
+//!
+//! The requests a decision no longer waits for still run to the end in the background: after a
+//! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
+//! minority of nodes rather than sitting on a bare quorum), after a lost one they withdraw what
+//! they were granted. The operations of one token reach each node in order (one acquire call
+//! keeps its token across attempts): a late withdrawal never deletes a newer grant, a late grant
+//! never lands after the release.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{Attempt, ExtendOutcome, LockKeys, RedisNode, Token};
@@ -15,18 +21,102 @@ use crate::config::{NodeAddr, Settings};
 use crate::error::{LockError, NodeFailure};
 use crate::wait::{NodeSubscription, WakeRegistry};
 
-#[derive(Debug)]
 pub(crate) struct Redlock {
     nodes: Vec<Arc<RedisNode>>,
     quorum: usize,
-    releasing: Arc<Mutex<HashMap<AttemptKey, Releases>>>,
+    /// The latest acquire or release of each (lock, token) that still runs on some node.
+    in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
 }
 
-/// A lock key and the token of one acquire call (which keeps its token across attempts).
-type AttemptKey = (String, String);
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not `in_flight`: it holds tokens.
+        f.debug_struct("Redlock")
+            .field("nodes", &self.nodes)
+            .field("quorum", &self.quorum)
+            .finish_non_exhaustive()
+    }
+}
 
-/// One "done" signal per node (in node order) for the releases sent after a failed attempt.
-type Releases = Arc<[CancellationToken]>;
+/// The Redis key of a lock and a token.
+type OpKey = (String, String);
+
+/// Per node, in node order: how the operation is going there.
+type NodeSignals = Arc<[NodeSignal]>;
+
+#[derive(Default)]
+struct NodeSignal {
+    /// Cancelled once the operation is over on the node.
+    done: CancellationToken,
+    /// Set when the node failed the operation (no answer in time, broken connection).
+    failure: Mutex<Option<NodeFailure>>,
+}
+
+/// One node's part of an operation. It starts after the same token's previous operation is over on
+/// that node, and signals its own end when dropped.
+struct NodeStep {
+    index: usize,
+    previous: Option<NodeSignals>,
+    op: Arc<OpEntry>,
+}
+
+impl NodeStep {
+    async fn after_previous(&self) {
+        if let Some(previous) = &self.previous {
+            previous[self.index].done.cancelled().await;
+        }
+    }
+
+    /// How the node failed the previous operation, if it did and that operation is still busy
+    /// there.
+    fn node_failing(&self) -> Option<NodeFailure> {
+        let signal = &self.previous.as_ref()?[self.index];
+        if signal.done.is_cancelled() {
+            return None;
+        }
+        signal
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn mark_failed(&self, failure: &NodeFailure) {
+        *self.op.signals[self.index]
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(failure.clone());
+    }
+}
+
+impl Drop for NodeStep {
+    fn drop(&mut self) {
+        self.op.signals[self.index].done.cancel();
+    }
+}
+
+/// Removes the operation from `in_flight` once its last node step is dropped, unless a later
+/// operation of the same token replaced it.
+struct OpEntry {
+    key: OpKey,
+    signals: NodeSignals,
+    in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
+}
+
+impl Drop for OpEntry {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if in_flight
+            .get(&self.key)
+            .is_some_and(|current| Arc::ptr_eq(current, &self.signals))
+        {
+            in_flight.remove(&self.key);
+        }
+    }
+}
 
 impl Redlock {
     pub(crate) fn new(
@@ -41,47 +131,95 @@ impl Redlock {
         Ok(Redlock {
             quorum: nodes.len() / 2 + 1,
             nodes,
-            releasing: Arc::default(),
+            in_flight: Arc::default(),
         })
     }
 
-    /// Acquires on a quorum. On failure the token is released on every node, including those whose
-    /// grant arrives after the decision (the release is queued behind the acquire on the same
-    /// connection, so it cannot overtake it).
+    /// Starts an operation of `token` on `keys`: one step per node, in node order.
+    fn begin(&self, keys: &LockKeys, token: &Token) -> Vec<NodeStep> {
+        let key = (keys.lock.clone(), token.as_str().to_owned());
+        let signals: NodeSignals = self.nodes.iter().map(|_| NodeSignal::default()).collect();
+        let previous = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), Arc::clone(&signals));
+        let op = Arc::new(OpEntry {
+            key,
+            signals,
+            in_flight: Arc::clone(&self.in_flight),
+        });
+        (0..self.nodes.len())
+            .map(|index| NodeStep {
+                index,
+                previous: previous.clone(),
+                op: Arc::clone(&op),
+            })
+            .collect()
+    }
+
+    /// Acquires on a quorum.
     ///
     /// Failure is `Err` (unavailable) when more nodes failed than a quorum can spare, whatever the
     /// others answered, and `Held` (contended) otherwise. The answer is given as soon as it is
-    /// settled, so a frozen minority never delays it, and never depends on which node answers first.
+    /// settled, so a frozen minority never delays it, and never depends on which node answers
+    /// first. On failure every node that granted the lock, or may have (no answer), withdraws it
+    /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
     pub(crate) async fn acquire(
         &self,
         keys: &Arc<LockKeys>,
         token: &Token,
         ttl: Duration,
     ) -> Result<Attempt, Vec<NodeFailure>> {
-        let attempt_key = (keys.lock.clone(), token.as_str().to_owned());
-        let previous = self.previous_releases(&attempt_key);
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let before = previous.as_ref().map(|p| p[i].clone());
-                async move {
-                    // A previous attempt's release carries this same token: were it to land after
-                    // this grant, it would delete a grant counted here.
-                    if let Some(before) = before {
-                        before.cancelled().await;
-                    }
-                    node.acquire(keys, token, ttl, false).await
+        let (reply_tx, mut replies) = mpsc::unbounded_channel();
+        // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
+        // before deciding): withdraw them.
+        let (verdict_tx, verdict) = watch::channel(None::<bool>);
+        for (node, step) in self.nodes.iter().zip(self.begin(keys, token)) {
+            let (node, keys, token) = (Arc::clone(node), Arc::clone(keys), token.clone());
+            let (reply_tx, mut verdict) = (reply_tx.clone(), verdict.clone());
+            tokio::spawn(async move {
+                if let Some(failure) = step.node_failing() {
+                    // The previous attempt failed on this node and is still waiting on it: count
+                    // the node as failed (same cause) at once rather than queue behind it and hold
+                    // up this decision. Nothing is sent; the step still ends after the previous one.
+                    step.mark_failed(&failure);
+                    let _ = reply_tx.send(Err(failure));
+                    step.after_previous().await;
+                    return;
                 }
-            })
-            .collect();
+                step.after_previous().await;
+                let reply = node.acquire(&keys, &token, ttl, false).await;
+                if let Err(failure) = &reply {
+                    step.mark_failed(failure);
+                }
+                let held_by_another = matches!(reply, Ok(Attempt::Held { .. }));
+                let _ = reply_tx.send(reply);
+                let keep = matches!(
+                    verdict.wait_for(Option::is_some).await.as_deref(),
+                    Ok(Some(true))
+                );
+                if !keep && !held_by_another {
+                    // Withdrawn, not released: these grants never were a lock, so no release is
+                    // published. Otherwise every split vote would wake every waiter at once, they
+                    // would all retry together and split the vote again (close to a livelock);
+                    // instead they retry after their jittered backoff.
+                    if let Err(failure) = node.withdraw(&keys, &token).await {
+                        step.mark_failed(&failure);
+                    }
+                }
+                drop(step);
+            });
+        }
+        drop(reply_tx);
         // How many nodes may fail or refuse while a quorum is still possible.
         let spare = self.nodes.len() - self.quorum;
+        let mut pending = self.nodes.len();
         let mut won = 0;
         let mut shortest_pttl: Option<Duration> = None;
         let mut failures = Vec::new();
-        while let Some(reply) = pending.next().await {
+        while let Some(reply) = replies.recv().await {
+            pending -= 1;
             match reply {
                 Ok(Attempt::Acquired { .. }) => won += 1,
                 Ok(Attempt::Held { pttl }) => {
@@ -91,20 +229,19 @@ impl Redlock {
                 }
                 Err(failure) => failures.push(failure),
             }
-            let lost = won + pending.len() < self.quorum;
+            let lost = won + pending < self.quorum;
             // Contended for sure: even if every node still pending fails, the failures alone
-            // would not have ruled out a quorum.
-            let contended = lost && failures.len() + pending.len() <= spare;
+            // would not rule out a quorum.
+            let contended = lost && failures.len() + pending <= spare;
             if won >= self.quorum || failures.len() > spare || contended {
                 break;
             }
         }
-        drop(pending);
-        if won >= self.quorum {
-            return Ok(Attempt::Acquired { fence: None });
-        }
-        self.release_after_failed_attempt(attempt_key, previous, keys, token);
-        if failures.len() > spare {
+        let acquired = won >= self.quorum;
+        verdict_tx.send_replace(Some(acquired));
+        if acquired {
+            Ok(Attempt::Acquired { fence: None })
+        } else if failures.len() > spare {
             Err(failures)
         } else {
             Ok(Attempt::Held {
@@ -113,72 +250,29 @@ impl Redlock {
         }
     }
 
-    fn previous_releases(&self, attempt_key: &AttemptKey) -> Option<Releases> {
-        self.releasing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(attempt_key)
-            .cloned()
-    }
-
-    /// Releases a failed attempt's token on every node in the background. The next attempt with
-    /// the same token waits, per node, until that node's release is answered (or failed), so a
-    /// slow node never delays the next decision and a late release never deletes a newer grant.
-    fn release_after_failed_attempt(
-        &self,
-        attempt_key: AttemptKey,
-        previous: Option<Releases>,
-        keys: &Arc<LockKeys>,
-        token: &Token,
-    ) {
-        let done: Releases = self
-            .nodes
-            .iter()
-            .map(|_| CancellationToken::new())
-            .collect();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let before = previous.as_ref().map(|p| p[i].clone());
-            let (node, keys, token) = (Arc::clone(node), Arc::clone(keys), token.clone());
-            let done = done[i].clone().drop_guard();
-            tokio::spawn(async move {
-                let _done = done;
-                if let Some(before) = before {
-                    before.cancelled().await;
-                }
-                let _ = node.release(&keys, &token).await;
-            });
-        }
-        self.releasing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(attempt_key.clone(), Arc::clone(&done));
-        // Forget the entry once every node answered, unless a later attempt replaced it.
-        let releasing = Arc::clone(&self.releasing);
-        tokio::spawn(async move {
-            for node_done in done.iter() {
-                node_done.cancelled().await;
-            }
-            let mut releasing = releasing.lock().unwrap_or_else(PoisonError::into_inner);
-            if releasing
-                .get(&attempt_key)
-                .is_some_and(|current| Arc::ptr_eq(current, &done))
-            {
-                releasing.remove(&attempt_key);
-            }
-        });
-    }
-
     /// Extends on every node in parallel; a lock is extended when a quorum confirms it, and not
     /// ours any more when a quorum can no longer confirm it because nodes said "not yours".
+    ///
+    /// Nodes slower than the decision still finish in the background: abandoning them would let
+    /// the lock expire there (or never load the script there), until it sits on a bare quorum
+    /// and the next single node failure loses it.
     pub(crate) async fn extend_many(
         &self,
         items: &[(&LockKeys, &Token, Duration)],
     ) -> Vec<ExtendOutcome> {
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
+        let owned: Arc<[(LockKeys, Token, Duration)]> = items
             .iter()
-            .map(|node| node.extend_many(items))
+            .map(|(keys, token, ttl)| ((*keys).clone(), (*token).clone(), *ttl))
             .collect();
+        let (tx, mut pending) = mpsc::unbounded_channel();
+        for node in &self.nodes {
+            let (node, owned, tx) = (Arc::clone(node), Arc::clone(&owned), tx.clone());
+            tokio::spawn(async move {
+                let items: Vec<_> = owned.iter().map(|(k, t, ttl)| (k, t, *ttl)).collect();
+                let _ = tx.send(node.extend_many(&items).await);
+            });
+        }
+        drop(tx);
         let n = self.nodes.len();
         let mut yes = vec![0usize; items.len()];
         let mut no = vec![0usize; items.len()];
@@ -188,7 +282,7 @@ impl Redlock {
                 .zip(no)
                 .all(|(y, no)| *y >= self.quorum || n - no < self.quorum)
         };
-        while let Some(replies) = pending.next().await {
+        while let Some(replies) = pending.recv().await {
             for (i, reply) in replies.into_iter().enumerate() {
                 match reply {
                     ExtendOutcome::Extended => yes[i] += 1,
@@ -225,7 +319,26 @@ impl Redlock {
         keys: &Arc<LockKeys>,
         token: &Token,
     ) -> Result<bool, Vec<NodeFailure>> {
-        let mut replies = self.release_everywhere(keys, token);
+        let (tx, mut replies) = mpsc::unbounded_channel();
+        for (node, step) in self.nodes.iter().zip(self.begin(keys, token)) {
+            let (node, keys, token, tx) = (
+                Arc::clone(node),
+                Arc::clone(keys),
+                token.clone(),
+                tx.clone(),
+            );
+            // Its own task, so each node completes even if nobody waits.
+            tokio::spawn(async move {
+                step.after_previous().await;
+                let reply = node.release(&keys, &token).await;
+                if let Err(failure) = &reply {
+                    step.mark_failed(failure);
+                }
+                let _ = tx.send(reply);
+                drop(step);
+            });
+        }
+        drop(tx);
         let n = self.nodes.len();
         let (mut ours, mut not_ours) = (0, 0);
         let mut failures = Vec::new();
@@ -244,27 +357,6 @@ impl Redlock {
         }
         // Too many nodes failed to tell whether a quorum still held the lock.
         Err(failures)
-    }
-
-    /// Sends the release to every node as its own task, so each completes even if nobody waits.
-    fn release_everywhere(
-        &self,
-        keys: &Arc<LockKeys>,
-        token: &Token,
-    ) -> tokio::sync::mpsc::UnboundedReceiver<Result<bool, NodeFailure>> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        for node in &self.nodes {
-            let (node, keys, token, tx) = (
-                Arc::clone(node),
-                Arc::clone(keys),
-                token.clone(),
-                tx.clone(),
-            );
-            tokio::spawn(async move {
-                let _ = tx.send(node.release(&keys, &token).await);
-            });
-        }
-        rx
     }
 
     /// Subscribes on every node (a release publishes on each), concurrently.

@@ -187,6 +187,21 @@ impl RedisNode {
         Ok(released == 1)
     }
 
+    /// Deletes the lock when it is ours, without publishing a release (see `scripts::WITHDRAW`).
+    pub(crate) async fn withdraw(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+    ) -> Result<bool, NodeFailure> {
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::WITHDRAW.prepare_invoke();
+        invocation.key(&keys.lock).arg(token.as_str());
+        let deleted: i64 = self
+            .bounded("withdraw", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(deleted == 1)
+    }
+
     /// Subscribes this node's listener to the lock's release channel; `None` when the listener
     /// cannot confirm the subscription (the waiter then relies on its backoff alone).
     pub(crate) async fn subscribe(&self, keys: &LockKeys) -> Option<NodeSubscription> {

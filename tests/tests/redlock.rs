@@ -1,0 +1,871 @@
+//! Redlock mode (five independent masters, quorum three) under node failures: a minority down or
+//! frozen, latency beyond validity, restarts, many racing clients, renewal and loss, cancellation,
+//! panics, contention versus failure, and several processes through `#[distributed_lock]`.
+//!
+//! Latencies observed are printed with `eprintln!` (run with `--nocapture` to see them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
+use lock_tests::{FaultProxy, RedisCluster, RedisServer, unique_key};
+
+const NODES: usize = 5;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Short timeouts so a dead or frozen node is given up on quickly.
+fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
+    LockConfig::redlock(urls)
+        .connect_timeout(ms(200))
+        .response_timeout(ms(200))
+}
+
+fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
+    LockClient::new(config(urls)).expect("valid redlock config")
+}
+
+/// The Redis keys of lock `key` (lock, and fence counter if any) on `node`.
+fn lock_keys(node: &RedisServer, key: &str) -> Vec<String> {
+    node.keys(&format!("lock:{{{key}}}*"))
+}
+
+fn holds(node: &RedisServer, key: &str) -> bool {
+    lock_keys(node, key).contains(&format!("lock:{{{key}}}"))
+}
+
+fn holders(nodes: &[&RedisServer], key: &str) -> usize {
+    nodes.iter().filter(|n| holds(n, key)).count()
+}
+
+/// A won acquire returns at the quorum; the slower nodes get the lock a moment later.
+async fn wait_on_all(nodes: &[&RedisServer], key: &str) {
+    let start = Instant::now();
+    let everywhere = eventually(Duration::from_secs(2), || {
+        holders(nodes, key) == nodes.len()
+    })
+    .await;
+    assert!(
+        everywhere,
+        "the lock reached {} of {} nodes",
+        holders(nodes, key),
+        nodes.len()
+    );
+    eprintln!(
+        "redlock: lock on every node {:?} after the acquire returned",
+        start.elapsed()
+    );
+}
+
+fn delete_lock(node: &RedisServer, key: &str) {
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(format!("lock:{{{key}}}"))
+        .query(&mut node.admin())
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock key was not on port {}", node.port());
+}
+
+/// Polls `cond` every 10ms until it holds or `within` has passed; true if it held.
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// Waits until no node has any key of `key`; returns how long that took.
+async fn assert_no_keys_left(nodes: &[&RedisServer], key: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    let clean = eventually(within, || {
+        nodes.iter().all(|n| lock_keys(n, key).is_empty())
+    })
+    .await;
+    let left: Vec<_> = nodes
+        .iter()
+        .map(|n| (n.port(), lock_keys(n, key).len()))
+        .filter(|(_, keys)| *keys > 0)
+        .collect();
+    assert!(
+        clean,
+        "lock keys still present {within:?} later (port, keys): {left:?}"
+    );
+    start.elapsed()
+}
+
+fn assert_unavailable(result: Result<LockGuard, LockError>, causes: usize) -> Vec<String> {
+    match result {
+        Err(LockError::Unavailable { causes: c, .. }) => {
+            assert_eq!(c.len(), causes, "causes: {c:?}");
+            c.into_iter().map(|f| f.node).collect()
+        }
+        other => panic!("expected Unavailable with {causes} causes, got {other:?}"),
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn node_name(node: &RedisServer) -> String {
+    format!("127.0.0.1:{}", node.port())
+}
+
+// --- 1. A minority down: still works. A majority down: Unavailable, fast, and nothing left. -----
+
+#[tokio::test]
+async fn two_of_five_down_still_acquires_and_releases() {
+    let mut cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    cluster.nodes[3].stop();
+    cluster.nodes[4].stop();
+    let survivors: Vec<&RedisServer> = cluster.nodes[..3].iter().collect();
+    let key = unique_key("redlock:minority-down");
+
+    for round in 0..3 {
+        let start = Instant::now();
+        let guard = client
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("a quorum of three is up");
+        let acquired = start.elapsed();
+        assert_eq!(guard.fencing_token(), None, "no fencing in redlock mode");
+        wait_on_all(&survivors, &key).await;
+        let start = Instant::now();
+        guard.release().await.expect("released on the quorum");
+        let released = start.elapsed();
+        // ttl 30s: only the release can clear these keys this fast.
+        let gone = assert_no_keys_left(&survivors, &key, Duration::from_secs(2)).await;
+        eprintln!(
+            "redlock 2/5 down, round {round}: acquire {acquired:?}, release {released:?}, keys gone {gone:?} after"
+        );
+    }
+}
+
+#[tokio::test]
+async fn three_of_five_down_is_unavailable_within_a_second() {
+    let mut cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let mut stopped: Vec<String> = cluster.nodes[2..].iter().map(node_name).collect();
+    stopped.sort();
+    for node in &mut cluster.nodes[2..] {
+        node.stop();
+    }
+    let survivors: Vec<&RedisServer> = cluster.nodes[..2].iter().collect();
+    let key = unique_key("redlock:majority-down");
+
+    for wait in [Duration::ZERO, ms(300)] {
+        let start = Instant::now();
+        let result = client
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .wait(wait)
+            .acquire()
+            .await;
+        let elapsed = start.elapsed();
+        let mut failed = assert_unavailable(result, 3);
+        failed.sort();
+        assert_eq!(failed, stopped, "the causes name the stopped nodes");
+        eprintln!("redlock 3/5 down (wait {wait:?}): Unavailable after {elapsed:?}");
+        assert!(
+            elapsed < wait + Duration::from_secs(1),
+            "Unavailable took {elapsed:?} (wait {wait:?})"
+        );
+        // ttl 30s: only the release of the failed attempt can clear these keys.
+        let gone = assert_no_keys_left(&survivors, &key, Duration::from_secs(2)).await;
+        eprintln!("redlock 3/5 down: survivors clean {gone:?} after the error");
+    }
+}
+
+// --- 2. A frozen node does not slow anything down. ----------------------------------------------
+
+async fn acquire_release_pairs(client: &LockClient, key: &str, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        let guard = client
+            .lock(key)
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("acquire");
+        guard.release().await.expect("release");
+        samples.push(start.elapsed());
+    }
+    samples
+}
+
+#[tokio::test]
+async fn frozen_node_keeps_latency_within_twice_healthy() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:frozen");
+
+    acquire_release_pairs(&client, &key, 5).await;
+    let healthy = median(acquire_release_pairs(&client, &key, 30).await);
+
+    cluster.nodes[0].freeze();
+    acquire_release_pairs(&client, &key, 3).await;
+    let frozen = median(acquire_release_pairs(&client, &key, 30).await);
+    cluster.nodes[0].thaw();
+
+    eprintln!(
+        "redlock acquire+release median of 30: healthy {healthy:?}, one of five frozen {frozen:?}"
+    );
+    assert!(
+        frozen <= healthy * 2 + ms(2),
+        "frozen median {frozen:?} > 2 x healthy median {healthy:?} + 2ms"
+    );
+}
+
+// --- 3. Latency beyond validity never yields a lock. ---------------------------------------------
+
+#[tokio::test]
+async fn latency_beyond_validity_never_reports_success() {
+    let cluster = RedisCluster::start(NODES);
+    let proxies: Vec<FaultProxy> = cluster.nodes[..3]
+        .iter()
+        .map(|n| FaultProxy::start(n.port()))
+        .collect();
+    let urls: Vec<String> = proxies
+        .iter()
+        .map(FaultProxy::url)
+        .chain(cluster.nodes[3..].iter().map(RedisServer::url))
+        .collect();
+    // (a) The slow nodes answer within the response timeout, but after the lock's validity.
+    let patient = LockClient::new(
+        LockConfig::redlock(urls.clone())
+            .connect_timeout(Duration::from_secs(3))
+            .response_timeout(Duration::from_secs(3)),
+    )
+    .unwrap();
+    // (b) The slow nodes time out.
+    let impatient = client(urls);
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let key = unique_key("redlock:slow");
+    let ttl = ms(300);
+
+    // Connect every node while the links are fast.
+    for c in [&patient, &impatient] {
+        let warm = unique_key("redlock:slow-warmup");
+        c.lock(&warm)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    // 200ms each way: a round trip to the slow majority takes longer than the 300ms ttl.
+    for p in &proxies {
+        p.set_delay(ms(200));
+    }
+    for (name, c) in [("patient", &patient), ("impatient", &impatient)] {
+        for wait in [Duration::ZERO, Duration::from_secs(1)] {
+            let start = Instant::now();
+            let result = c.lock(&key).ttl(ttl).wait(wait).acquire().await;
+            let elapsed = start.elapsed();
+            eprintln!(
+                "redlock 3/5 nodes +400ms RTT, ttl {ttl:?}, {name} client, wait {wait:?}: {} after {elapsed:?}",
+                match &result {
+                    Ok(_) => "Ok".to_owned(),
+                    Err(e) => e.to_string(),
+                }
+            );
+            match result {
+                Err(LockError::Unavailable { causes, .. }) => {
+                    assert!(
+                        causes.iter().all(|c| c.kind == FailureKind::Timeout),
+                        "{causes:?}"
+                    );
+                }
+                other => {
+                    panic!("{name} client, wait {wait:?}: expected Unavailable, got {other:?}")
+                }
+            }
+        }
+    }
+    for p in &proxies {
+        p.set_delay(Duration::ZERO);
+    }
+    let gone = assert_no_keys_left(&all, &key, Duration::from_secs(5)).await;
+    eprintln!("redlock slow majority: all nodes clean {gone:?} after the delay was removed");
+}
+
+// --- 4. Restarts. -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn node_restarted_empty_while_held_keeps_the_lock() {
+    let mut cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:restart-held");
+
+    let start = Instant::now();
+    let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
+    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
+    cluster.nodes[0].restart();
+    assert!(!holds(&cluster.nodes[0], &key), "restarted without data");
+    let remaining = Duration::from_secs(3).saturating_sub(start.elapsed());
+    let lost = tokio::time::timeout(remaining, guard.lost()).await;
+    assert!(lost.is_err(), "lost while a quorum of four still held it");
+    assert!(!guard.is_lost());
+    let others: Vec<&RedisServer> = cluster.nodes[1..].iter().collect();
+    assert_eq!(holders(&others, &key), 4, "renewed on the other four");
+    guard.release().await.expect("still ours at release");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
+}
+
+/// The documented limit of Redlock: a node that restarts without the keys it had (no persistence,
+/// or an AOF not fsynced before the crash) can hand a held lock to a second client when the first
+/// holds it on exactly a quorum. Redlock is only safe if a crashed node stays down for at least
+/// the longest TTL in use before rejoining (delayed restart), or persists every write
+/// (`appendonly yes` with `appendfsync always`). This test shows the violation happening; the
+/// first holder only finds out at its next renewal.
+#[tokio::test]
+async fn restart_without_persistence_breaks_safety_documented_limit() {
+    let mut cluster = RedisCluster::start(NODES);
+    let first = client(cluster.urls());
+    let second = client(cluster.urls());
+    let key = unique_key("redlock:restart-unsafe");
+    let ttl = Duration::from_secs(15);
+
+    // D and E down: the lock lives on exactly A, B and C.
+    cluster.nodes[3].stop();
+    cluster.nodes[4].stop();
+    let held = first.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let acquired_at = Instant::now();
+    wait_on_all(&cluster.nodes[..3].iter().collect::<Vec<_>>(), &key).await;
+    cluster.nodes[3].restart();
+    cluster.nodes[4].restart();
+    // A crashes and comes back at once, without its data: the lock is now on B and C only.
+    cluster.nodes[0].restart();
+
+    let stolen = second
+        .lock(&key)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("A, D and E grant the lock to a second client");
+    let overlap_at = acquired_at.elapsed();
+    assert!(
+        !held.is_lost(),
+        "the first holder already knows (its renewal is due only at ttl/3)"
+    );
+    eprintln!(
+        "redlock restart limit: two holders at once, {overlap_at:?} after the first acquired"
+    );
+
+    // Its next renewal finds the lock on two nodes out of five: lost.
+    let detect = Instant::now();
+    tokio::time::timeout(ttl, held.lost())
+        .await
+        .expect("the first holder learns it lost the lock within one ttl");
+    eprintln!(
+        "redlock restart limit: first holder told 'lost' {:?} later",
+        detect.elapsed()
+    );
+    assert!(!stolen.is_lost());
+    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+    stolen.release().await.unwrap();
+}
+
+// --- 5. Many clients racing: mutual exclusion and progress. ----------------------------------
+
+/// Each round, sixteen clients start at once (a barrier) and try for up to `ROUND_WAIT`. The
+/// first winner ends the round once it released: the others stop waiting (their acquire futures
+/// are dropped). Anyone who gets the lock checks that nobody else is inside. A round nobody
+/// wins within `ROUND_WAIT` means livelock (split votes forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_clients_never_overlap_and_every_round_has_a_winner() {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 200;
+    const ROUND_WAIT: Duration = Duration::from_secs(5);
+    let cluster = RedisCluster::start(NODES);
+    let key = Arc::new(unique_key("redlock:race"));
+    let clients: Vec<LockClient> = (0..CLIENTS)
+        .map(|_| {
+            LockClient::new(
+                LockConfig::redlock(cluster.urls())
+                    .retry_delay(ms(10))
+                    .connect_timeout(Duration::from_secs(2))
+                    .response_timeout(Duration::from_secs(2)),
+            )
+            .unwrap()
+        })
+        .collect();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    // The number of rounds won so far.
+    let (won_tx, won_rx) = tokio::sync::watch::channel(0usize);
+    let won_tx = Arc::new(won_tx);
+
+    let start = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let (key, inside, overlaps, barrier, won_tx, mut won_rx) = (
+                Arc::clone(&key),
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+                Arc::clone(&barrier),
+                Arc::clone(&won_tx),
+                won_rx.clone(),
+            );
+            tokio::spawn(async move {
+                // Per round: how long this client took to get the lock, if it did.
+                let mut rounds = Vec::with_capacity(ROUNDS);
+                for round in 0..ROUNDS {
+                    barrier.wait().await;
+                    let begin = Instant::now();
+                    let attempt = client
+                        .lock(key.as_str())
+                        .ttl(Duration::from_secs(5))
+                        .wait(ROUND_WAIT)
+                        .acquire();
+                    let result = tokio::select! {
+                        result = attempt => result,
+                        _ = won_rx.wait_for(|won| *won > round) => {
+                            rounds.push(None);
+                            continue;
+                        }
+                    };
+                    match result {
+                        Ok(guard) => {
+                            let took = begin.elapsed();
+                            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            // Stay inside across a few scheduling points.
+                            for _ in 0..3 {
+                                tokio::task::yield_now().await;
+                            }
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            guard.release().await.expect("release while held");
+                            won_tx.send_modify(|won| *won = (*won).max(round + 1));
+                            rounds.push(Some(took));
+                        }
+                        Err(LockError::Contended { .. }) => rounds.push(None),
+                        Err(other) => panic!("only contention is expected here: {other}"),
+                    }
+                }
+                rounds
+            })
+        })
+        .collect();
+    let mut per_client = Vec::new();
+    for task in tasks {
+        per_client.push(task.await.unwrap());
+    }
+    let elapsed = start.elapsed();
+
+    let winners: Vec<usize> = (0..ROUNDS)
+        .map(|r| per_client.iter().filter(|c| c[r].is_some()).count())
+        .collect();
+    let mut first_grant: Vec<Duration> = (0..ROUNDS)
+        .filter_map(|r| per_client.iter().filter_map(|c| c[r]).min())
+        .collect();
+    first_grant.sort();
+    eprintln!(
+        "redlock race: {CLIENTS} clients x {ROUNDS} rounds in {elapsed:?}; winners per round {}..={}; first grant per round: median {:?}, p99 {:?}, max {:?}",
+        winners.iter().min().unwrap(),
+        winners.iter().max().unwrap(),
+        first_grant.get(first_grant.len() / 2),
+        first_grant.get(first_grant.len() * 99 / 100),
+        first_grant.last(),
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    let empty: Vec<usize> = (0..ROUNDS).filter(|r| winners[*r] == 0).collect();
+    assert!(empty.is_empty(), "rounds nobody won: {empty:?}");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    assert_no_keys_left(&all, &key, Duration::from_secs(5)).await;
+}
+
+// --- 6. Renewal, loss, cancellation, panic; one node behaves like single-node mode. ----------
+
+#[tokio::test]
+async fn renewal_keeps_the_lock_well_past_its_ttl() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:renew");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let guard = client.lock(&key).ttl(ms(500)).acquire().await.unwrap();
+    wait_on_all(&all, &key).await;
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    assert!(lost.is_err(), "lost while renewed");
+    assert_eq!(holders(&all, &key), NODES, "renewed on every node");
+    guard.release().await.unwrap();
+    assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn deleted_on_a_majority_is_lost_within_ttl() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:loss-majority");
+    let ttl = ms(1000);
+    let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
+    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
+    for node in &cluster.nodes[..3] {
+        delete_lock(node, &key);
+    }
+    let start = Instant::now();
+    tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost() resolves once a quorum says 'not yours'");
+    eprintln!(
+        "redlock loss (deleted on 3/5, ttl {ttl:?}): detected after {:?}",
+        start.elapsed()
+    );
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test]
+async fn deleted_on_a_minority_is_not_lost() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:loss-minority");
+    let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
+    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
+    for node in &cluster.nodes[..2] {
+        delete_lock(node, &key);
+    }
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    assert!(lost.is_err(), "lost although three of five still held it");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    assert!(holders(&all, &key) >= 3);
+    guard.release().await.expect("still ours on a quorum");
+    assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn dropped_future_releases_on_every_node_promptly() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:cancel");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move {
+            let guard = client
+                .lock(&key)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await;
+            let _ = acquired_tx.send(guard.is_ok());
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }
+    });
+    assert_eq!(acquired_rx.await, Ok(true));
+    wait_on_all(&all, &key).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    // ttl 30s: only the release on drop can clear the keys this fast.
+    let gone = assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
+    eprintln!("redlock cancellation: keys gone on all nodes {gone:?} after the drop");
+}
+
+#[tokio::test]
+async fn panic_while_held_releases_on_every_node_promptly() {
+    let cluster = RedisCluster::start(NODES);
+    let client = client(cluster.urls());
+    let key = unique_key("redlock:panic");
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let task = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move {
+            let _guard = client
+                .lock(&key)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            panic!("boom while holding the lock");
+        }
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    let gone = assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
+    eprintln!("redlock panic: keys gone on all nodes {gone:?} after the panic");
+    // And the key is free again.
+    client
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_node_redlock_behaves_like_single_node() {
+    let server = RedisServer::start();
+    let first = client([server.url()]);
+    let second = client([server.url()]);
+    let key = unique_key("redlock:one-node");
+
+    let guard = first.lock(&key).acquire().await.unwrap();
+    let fence = guard.fencing_token().expect("single node: fencing token");
+    assert_eq!(
+        lock_keys(&server, &key),
+        vec![format!("lock:{{{key}}}"), format!("lock:{{{key}}}:fence")]
+    );
+    assert!(matches!(
+        second.lock(&key).acquire().await,
+        Err(LockError::Contended { .. })
+    ));
+    guard.release().await.unwrap();
+    let guard = second.lock(&key).acquire().await.unwrap();
+    assert!(guard.fencing_token().expect("fencing token") > fence);
+    guard.release().await.unwrap();
+}
+
+// --- 7. Contention is never reported as failure, nor failure as contention. -------------------
+
+#[tokio::test]
+async fn held_key_is_contended_never_unavailable() {
+    let mut cluster = RedisCluster::start(NODES);
+    let holder = client(cluster.urls());
+    // Long timeouts: a contended answer that waited for the frozen nodes would show.
+    let other = LockClient::new(
+        LockConfig::redlock(cluster.urls())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let key = unique_key("redlock:contended");
+    let guard = holder
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
+
+    let contended = |result: Result<LockGuard, LockError>, what: &str| match result {
+        Err(LockError::Contended { waited, .. }) => waited,
+        other => panic!("{what}: expected Contended, got {other:?}"),
+    };
+    for wait in [Duration::ZERO, ms(300)] {
+        let start = Instant::now();
+        let waited = contended(other.lock(&key).wait(wait).acquire().await, "healthy");
+        assert!(waited >= wait, "gave up after {waited:?} of {wait:?}");
+        eprintln!(
+            "redlock contended (wait {wait:?}): answered after {:?}",
+            start.elapsed()
+        );
+    }
+    // Two nodes frozen: the three others answer "held" at once, no waiting for the frozen ones.
+    cluster.nodes[3].freeze();
+    cluster.nodes[4].freeze();
+    let start = Instant::now();
+    contended(other.lock(&key).acquire().await, "two of five frozen");
+    let elapsed = start.elapsed();
+    eprintln!("redlock contended, 2/5 frozen: answered after {elapsed:?}");
+    assert!(
+        elapsed < ms(500),
+        "waited {elapsed:?} for frozen nodes (response timeout 1s)"
+    );
+    cluster.nodes[3].thaw();
+    cluster.nodes[4].thaw();
+    // Two nodes down: the three others still say "held".
+    cluster.nodes[3].stop();
+    cluster.nodes[4].stop();
+    contended(other.lock(&key).acquire().await, "two of five down");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn three_nodes_down_is_unavailable_never_contended() {
+    let cluster = RedisCluster::start(NODES);
+    let holder = client(cluster.urls());
+    let other = client(cluster.urls());
+    let free_key = unique_key("redlock:down-free");
+    let held_key = unique_key("redlock:down-held");
+    // Connect every node first, so the frozen ones time out rather than fail to connect.
+    other
+        .lock(&free_key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let _held = holder
+        .lock(&held_key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &held_key).await;
+
+    // Frozen rather than stopped: the two live nodes answer first, the others only time out.
+    for node in &cluster.nodes[2..] {
+        node.freeze();
+    }
+    let mut frozen: Vec<String> = cluster.nodes[2..].iter().map(node_name).collect();
+    frozen.sort();
+    for key in [&free_key, &held_key] {
+        for wait in [Duration::ZERO, ms(300)] {
+            let start = Instant::now();
+            let result = other.lock(key).wait(wait).acquire().await;
+            eprintln!(
+                "redlock 3/5 frozen (wait {wait:?}, {}): {:?} after {:?}",
+                if key == &held_key {
+                    "held elsewhere"
+                } else {
+                    "free"
+                },
+                result.as_ref().map(|_| ()),
+                start.elapsed()
+            );
+            let mut failed = assert_unavailable(result, 3);
+            failed.sort();
+            assert_eq!(failed, frozen);
+        }
+    }
+    for node in &cluster.nodes[2..] {
+        node.thaw();
+    }
+}
+
+// --- 8. Several processes through the attribute. --------------------------------------------
+
+/// A worker process whose output is drained by threads and which is killed if still running when
+/// dropped.
+struct Worker {
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Worker {
+    fn spawn(args: &[&str]) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_redlock_worker"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn redlock_worker");
+        let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+            thread::spawn(move || {
+                let mut out = String::new();
+                let _ = pipe.read_to_string(&mut out);
+                out
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        Worker {
+            child,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// Waits (bounded) for the exit; returns (success, stdout, stderr).
+    fn finish(&mut self, deadline: Instant) -> (bool, String, String) {
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            thread::sleep(ms(20));
+        };
+        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
+        (
+            status.is_some_and(|s| s.success()),
+            join(self.stdout.take()),
+            join(self.stderr.take()),
+        )
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn six_processes_through_the_attribute_count_exactly() {
+    const PROCESSES: usize = 6;
+    const ITERATIONS: u64 = 60;
+    let cluster = RedisCluster::start(NODES);
+    let data = RedisServer::start();
+    let urls = cluster.urls().join(",");
+    let lock_key = unique_key("redlock:processes");
+    let prefix = unique_key("redlock-data");
+    let data_url = data.url();
+    let iterations = ITERATIONS.to_string();
+
+    let start = Instant::now();
+    let mut workers: Vec<Worker> = (0..PROCESSES)
+        .map(|_| Worker::spawn(&[&urls, &data_url, &lock_key, &prefix, &iterations]))
+        .collect();
+    let deadline = start + Duration::from_secs(120);
+    let mut violations = 0;
+    for worker in &mut workers {
+        let (ok, stdout, stderr) = worker.finish(deadline);
+        assert!(
+            ok,
+            "worker failed or timed out\nstdout: {stdout}\nstderr: {stderr}"
+        );
+        let line = stdout.trim();
+        let counts: Vec<u64> = line
+            .split(' ')
+            .filter_map(|kv| kv.split_once('=').and_then(|(_, v)| v.parse().ok()))
+            .collect();
+        assert_eq!(counts.len(), 2, "unexpected output: {line}");
+        violations += counts[0];
+        assert_eq!(counts[1], 0, "a worker lost its lock: {line}");
+    }
+    let elapsed = start.elapsed();
+    let counter: u64 = redis::cmd("GET")
+        .arg(format!("{prefix}:counter"))
+        .query(&mut data.admin())
+        .unwrap();
+    eprintln!(
+        "redlock {PROCESSES} processes x {ITERATIONS} increments via #[distributed_lock]: {elapsed:?} ({:?} per critical section)",
+        elapsed / (PROCESSES as u32 * ITERATIONS as u32)
+    );
+    assert_eq!(violations, 0, "two processes were inside at once");
+    assert_eq!(counter, PROCESSES as u64 * ITERATIONS);
+    // The last release returned once a quorum confirmed it; the other nodes' releases may have
+    // died with the process, so their keys expire by the workers' ttl (2s).
+    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let clean = all
+        .iter()
+        .filter(|n| lock_keys(n, &lock_key).is_empty())
+        .count();
+    assert!(clean >= 3, "released on only {clean} nodes");
+    let gone = assert_no_keys_left(&all, &lock_key, Duration::from_secs(3)).await;
+    eprintln!("redlock processes: {clean}/5 nodes clean at exit, all {gone:?} later");
+}
