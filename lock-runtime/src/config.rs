@@ -384,6 +384,10 @@ pub(crate) struct ValidConfig {
     pub(crate) settings: Settings,
 }
 
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per client and consumed at once"
+)]
 pub(crate) enum ValidBackend {
     Single(NodeAddr),
     Redlock(Vec<NodeAddr>),

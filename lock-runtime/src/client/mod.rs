@@ -113,6 +113,10 @@ pub(crate) enum ExtendOutcome {
 /// One backend per client. An enum rather than a trait object: three closed cases, and the
 /// operations are async.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per client, behind an Arc; boxing would add an indirection on every call"
+)]
 pub(crate) enum Backend {
     Single(RedisNode),
     Redlock(Redlock),
