@@ -38,14 +38,19 @@ pub(crate) struct LockKeys {
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: String) -> Self {
-        let lock = if has_hash_tag(&name) {
-            format!("{prefix}{name}")
-        } else {
-            format!("{prefix}{{{name}}}")
-        };
+        let tagged = has_hash_tag(&name);
+        let mut lock = String::with_capacity(prefix.len() + name.len() + 2);
+        lock.push_str(prefix);
+        if !tagged {
+            lock.push('{');
+        }
+        lock.push_str(&name);
+        if !tagged {
+            lock.push('}');
+        }
         LockKeys {
-            fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
+            fence: [lock.as_str(), ":fence"].concat(),
+            channel: [lock.as_str(), ":released"].concat(),
             lock,
             name,
         }
@@ -67,19 +72,45 @@ pub(crate) struct Token(Arc<str>);
 
 impl Token {
     fn new() -> Result<Self, NodeFailure> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|e| NodeFailure {
+        let bytes = random_16().map_err(|e| NodeFailure {
             node: "local".to_owned(),
             kind: FailureKind::Io,
             detail: format!("no randomness for a lock token: {e}"),
         })?;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = String::with_capacity(32);
+        for b in bytes {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
         Ok(Token(hex.into()))
     }
 
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// 16 bytes from the OS's secure random source, read 4 KiB at a time per thread so that a token
+/// does not cost a system call. Each byte is used once.
+fn random_16() -> Result<[u8; 16], getrandom::Error> {
+    use std::cell::RefCell;
+    const POOL: usize = 4096;
+    thread_local! {
+        static RANDOM: RefCell<(Box<[u8; POOL]>, usize)> = RefCell::new((Box::new([0; POOL]), POOL));
+    }
+    RANDOM.with_borrow_mut(|(pool, used)| {
+        if *used + 16 > POOL {
+            getrandom::fill(&mut pool[..])?;
+            *used = 0;
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&pool[*used..*used + 16]);
+        // Never hand out the same bytes twice.
+        pool[*used..*used + 16].fill(0);
+        *used += 16;
+        Ok(out)
+    })
 }
 
 impl fmt::Debug for Token {
