@@ -722,6 +722,12 @@ fn section_redlock(
         let one = Locker::Crate(LockClient::new(opts.config(LockConfig::single(&urls[0])))?);
         let single = Stats::of(pair_latencies(&one, opts.samples).await?);
         let _ = writeln!(out, "   {}", single.row("lock-runtime, 1 node"));
+        let hosted = Locker::Crate(LockClient::new(
+            opts.config(LockConfig::single(&urls[0]))
+                .runtime(tokio::runtime::Handle::current()),
+        )?);
+        let hosted = Stats::of(pair_latencies(&hosted, opts.samples).await?);
+        let _ = writeln!(out, "   {}", hosted.row("lock-runtime, 1 node, caller rt"));
         let mut conns = Vec::new();
         for url in &urls {
             conns.push(
@@ -738,6 +744,16 @@ fn section_redlock(
         )?);
         let five_stats = Stats::of(pair_latencies(&five, opts.samples).await?);
         let _ = writeln!(out, "   {}", five_stats.row("lock-runtime, 5 nodes"));
+        let five_hosted = Locker::Crate(LockClient::new(
+            opts.config(LockConfig::redlock(urls.iter()))
+                .runtime(tokio::runtime::Handle::current()),
+        )?);
+        let five_hosted = Stats::of(pair_latencies(&five_hosted, opts.samples).await?);
+        let _ = writeln!(
+            out,
+            "   {}",
+            five_hosted.row("lock-runtime, 5 nodes, caller rt")
+        );
         let _ = writeln!(
             out,
             "   p50 lock-runtime / raw: 1 node {:.2}x, 5 nodes {:.2}x",
