@@ -115,7 +115,9 @@
 //!   Redlock; [`LockConfig::from_env_or`] picks a fallback when it is unset.
 //!
 //! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
-//! jitter, renew interval, drift factor, connect and response timeouts, and fencing. `init`
+//! jitter, renew interval, drift factor, connect and response timeouts, fencing, and the runtime
+//! that hosts connections ([`LockConfig::runtime`]: by default the library's own, so locks work
+//! from any runtime or none; a long-lived application runtime saves a thread hop per operation). `init`
 //! validates everything (a bad value is `LockError::Config` naming the field) but does not
 //! connect: connections are made on first use. Passwords never appear in `Debug` or errors, and
 //! lock tokens are never logged.
