@@ -23,11 +23,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
         body,
         ..
     } = locked;
-    let locked_body = if sig.asyncness.is_some() {
-        async_body(locked)
-    } else {
-        sync_body(locked)
-    };
+    let locked_body = locked_body(locked);
     let mut out = quote!(#(#attrs)* #vis #sig);
     body.brace.surround(&mut out, |tokens| {
         tokens.append_all(&body.inner_attrs);
@@ -36,8 +32,8 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
     out
 }
 
-/// Input:  `async fn f(user_id: u64) -> R { BODY }`
-/// Output:
+/// Input:  `[async] fn f(user_id: u64) -> R { BODY }`
+/// Output, async:
 /// ```text
 /// let __lock_key = KEY;
 /// let __lock_guard = match P::acquire(__lock_key, TTL, WAIT).await {
@@ -48,10 +44,16 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 ///     let GUARD = &__lock_guard;
 ///     P::until_lost(&__lock_guard, async move { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } }).await
 /// };
-/// P::finish(__lock_guard, __lock_out).await
+/// P::finish(__lock_guard, { __lock_out }).await
 /// ```
-/// In the `async move` block `return` and `?` leave the body only, as they would have left the fn.
-fn async_body(locked: &Locked) -> TokenStream {
+/// sync: `P::acquire_blocking(..)`, the body as `(move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })()`
+/// and `P::finish_blocking(..)`.
+///
+/// In the `async move` block and the closure `return` and `?` leave the body only, as they would
+/// have left the fn, so the guard is always finished. The closure is called where it is written
+/// so it works whether it is `FnOnce`, `FnMut` (mutates a `mut` parameter) or `Fn`.
+fn locked_body(locked: &Locked) -> TokenStream {
+    let is_async = locked.sig.asyncness.is_some();
     let site = Span::mixed_site();
     let private = &locked.private;
     let ret = return_span(&locked.sig);
@@ -63,6 +65,11 @@ fn async_body(locked: &Locked) -> TokenStream {
     let fake_return = fake_return_edge(&locked.sig);
     let touch_mutable = touch_mutable(locked);
     let stmts = &locked.body.stmts;
+    let body = quote_spanned!(site=> {
+        #touch_mutable
+        #fake_return
+        { #stmts }
+    });
     // Everything that needs `R: LockResult` is located on the return type, so a wrong return type is
     // one error there (rustc reports one unsatisfied bound per span), not one per call. rustc blames
     // the argument `R` is inferred from, and ignores hygienic spans for that, hence `{ __lock_out }`:
@@ -70,72 +77,28 @@ fn async_body(locked: &Locked) -> TokenStream {
     let at_ret = private_at(private, ret);
     let [_, guard_at_ret, out_at_ret, err_at_ret] = locals(ret);
     let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
-    let finish = quote_spanned!(ret=> #at_ret::finish(#guard_at_ret, { #out_at_ret }).await);
+    let (acquire, run, finish) = if is_async {
+        (
+            quote_spanned!(site=> #private::acquire(#key, #ttl, #wait).await),
+            quote_spanned!(site=> #private::until_lost(&#guard, async move #body).await),
+            quote_spanned!(ret=> #at_ret::finish(#guard_at_ret, { #out_at_ret }).await),
+        )
+    } else {
+        (
+            quote_spanned!(site=> #private::acquire_blocking(#key, #ttl, #wait)),
+            quote_spanned!(site=> (move || #body)()),
+            quote_spanned!(ret=> #at_ret::finish_blocking(#guard_at_ret, { #out_at_ret })),
+        )
+    };
     quote_spanned! {site=>
         let #key: ::std::string::String = #render;
-        let #guard = match #private::acquire(#key, #ttl, #wait).await {
+        let #guard = match #acquire {
             ::core::result::Result::Ok(#guard) => #guard,
             ::core::result::Result::Err(#err) => return #lock_error,
         };
         let #out = {
             #bind_guard
-            #private::until_lost(&#guard, async move {
-                #touch_mutable
-                #fake_return
-                { #stmts }
-            })
-            .await
-        };
-        #finish
-    }
-}
-
-/// Input:  `fn f(user_id: u64) -> R { BODY }`
-/// Output:
-/// ```text
-/// let __lock_key = KEY;
-/// let __lock_guard = match P::acquire_blocking(__lock_key, TTL, WAIT) {
-///     Ok(guard) => guard,
-///     Err(err) => return P::lock_error(err),
-/// };
-/// let __lock_out = {
-///     let GUARD = &__lock_guard;
-///     (move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })()
-/// };
-/// P::finish_blocking(__lock_guard, __lock_out)
-/// ```
-/// The closure keeps `return` and `?` meaning "leave the body", so the guard is always finished. It is
-/// called where it is written so it works whether it is `FnOnce`, `FnMut` (mutates a `mut` parameter)
-/// or `Fn`.
-fn sync_body(locked: &Locked) -> TokenStream {
-    let site = Span::mixed_site();
-    let private = &locked.private;
-    let ret = return_span(&locked.sig);
-    let [key, guard, out, err] = locals(Span::mixed_site());
-    let render = render_key(&locked.key, private);
-    let ttl = duration(locked.ttl, private);
-    let wait = duration(locked.wait, private);
-    let bind_guard = bind_guard(locked);
-    let fake_return = fake_return_edge(&locked.sig);
-    let touch_mutable = touch_mutable(locked);
-    let stmts = &locked.body.stmts;
-    let at_ret = private_at(private, ret);
-    let [_, guard_at_ret, out_at_ret, err_at_ret] = locals(ret);
-    let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
-    let finish = quote_spanned!(ret=> #at_ret::finish_blocking(#guard_at_ret, { #out_at_ret }));
-    quote_spanned! {site=>
-        let #key: ::std::string::String = #render;
-        let #guard = match #private::acquire_blocking(#key, #ttl, #wait) {
-            ::core::result::Result::Ok(#guard) => #guard,
-            ::core::result::Result::Err(#err) => return #lock_error,
-        };
-        let #out = {
-            #bind_guard
-            (move || {
-                #touch_mutable
-                #fake_return
-                { #stmts }
-            })()
+            #run
         };
         #finish
     }
