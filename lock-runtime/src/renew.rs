@@ -34,8 +34,15 @@ pub(crate) struct Renewer {
     shared: Arc<Shared>,
 }
 
+/// A lock waiting to be picked up by the driver: its validity deadline and first renewal.
+struct Joining {
+    held: Arc<Held>,
+    valid_until: Instant,
+    renew_at: Instant,
+}
+
 struct Shared {
-    joining: Mutex<Vec<(Arc<Held>, Instant)>>,
+    joining: Mutex<Vec<Joining>>,
     wake: Notify,
     /// The driver's next wake-up in ms since `epoch` (`u64::MAX`: none).
     next_wake_ms: AtomicU64,
@@ -48,7 +55,7 @@ impl Shared {
         u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn take_joining(&self) -> Vec<(Arc<Held>, Instant)> {
+    fn take_joining(&self) -> Vec<Joining> {
         std::mem::take(&mut *self.joining.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
@@ -82,16 +89,21 @@ impl Renewer {
         valid_until: std::time::Instant,
         every: Duration,
     ) {
-        let renew_at = self.shared.ms(Instant::now() + every);
+        let renew_at = Instant::now() + every;
         let backlog = {
             let mut joining = self
                 .shared
                 .joining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            joining.push((held, Instant::from_std(valid_until)));
+            joining.push(Joining {
+                held,
+                valid_until: Instant::from_std(valid_until),
+                renew_at,
+            });
             joining.len()
         };
+        let renew_at = self.shared.ms(renew_at);
         // Read after queueing: the driver publishes its wake-up before it looks at the queue, so
         // either it sees this lock or this sees the wake-up it settled on.
         if renew_at < self.shared.next_wake_ms.load(Ordering::SeqCst) || backlog >= JOIN_BACKLOG {
@@ -160,32 +172,39 @@ impl Driver {
                     () = sleep_until(next) => {}
                 }
             } else {
-                for (held, valid_until) in joined {
-                    self.insert(held, valid_until);
-                }
+                self.insert(joined);
             }
             if self.shared.closed.load(Ordering::SeqCst) {
                 return;
             }
-            for (held, valid_until) in self.shared.take_joining() {
-                self.insert(held, valid_until);
-            }
+            let joined = self.shared.take_joining();
+            self.insert(joined);
             self.tick(Instant::now());
         }
     }
 
-    fn insert(&mut self, held: Arc<Held>, valid_until: Instant) {
-        let renew_at = Instant::now() + self.settings.renew_every(held.ttl);
-        let id = held.id;
-        let entry = Entry {
+    /// Takes over newly held locks; those released meanwhile (most short ones) are just dropped.
+    fn insert(&mut self, joined: Vec<Joining>) {
+        for Joining {
             held,
             valid_until,
             renew_at,
-            in_flight: false,
-            timer: renew_at.min(valid_until),
-        };
-        self.timers.insert((entry.timer, id));
-        self.entries.insert(id, entry);
+        } in joined
+        {
+            if held.released.load(Ordering::Acquire) {
+                continue;
+            }
+            let id = held.id;
+            let entry = Entry {
+                held,
+                valid_until,
+                renew_at,
+                in_flight: false,
+                timer: renew_at.min(valid_until),
+            };
+            self.timers.insert((entry.timer, id));
+            self.entries.insert(id, entry);
+        }
     }
 
     fn remove(&mut self, id: u64) {
