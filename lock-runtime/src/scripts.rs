@@ -38,28 +38,17 @@ return 0
     )
 });
 
-/// KEYS: lock. ARGV: token, release channel. Deletes the lock when it is ours and wakes the
-/// waiters subscribed to the channel. Returns 1 when it was ours, 0 otherwise.
+/// KEYS: lock. ARGV: token, release channel (empty: wake nobody). Deletes the lock when it is
+/// ours and, unless the channel is empty, wakes the waiters subscribed to it. Returns 1 when it was
+/// ours, 0 otherwise. Without a channel it withdraws the grants of a Redlock attempt that did not
+/// win a quorum: they never were a lock, so nobody is woken.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
+  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
   return 1
-end
-return 0
-",
-    )
-});
-
-/// KEYS: lock. ARGV: token. Deletes the lock when it is ours, without waking anyone: for grants
-/// of an attempt that did not win a quorum (they never were a lock). Returns 1 when deleted.
-pub(crate) static WITHDRAW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
 end
 return 0
 ",

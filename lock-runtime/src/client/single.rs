@@ -169,35 +169,35 @@ impl RedisNode {
         }
     }
 
-    /// `Ok(true)` when the lock was ours and is now deleted.
+    /// `Ok(true)` when the lock was ours and is now deleted; waiters are woken.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &Token,
     ) -> Result<bool, NodeFailure> {
-        let mut conn = self.conn.clone();
-        let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .arg(token.as_str())
-            .arg(&keys.channel);
-        let released: i64 = self
-            .bounded("release", invocation.invoke_async(&mut conn))
-            .await?;
-        Ok(released == 1)
+        self.delete(keys, token, &keys.channel).await
     }
 
-    /// Deletes the lock when it is ours, without publishing a release (see `scripts::WITHDRAW`).
+    /// Deletes the lock when it is ours without waking anyone (see `scripts::RELEASE`).
     pub(crate) async fn withdraw(
         &self,
         keys: &LockKeys,
         token: &Token,
     ) -> Result<bool, NodeFailure> {
+        self.delete(keys, token, "").await
+    }
+
+    async fn delete(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        channel: &str,
+    ) -> Result<bool, NodeFailure> {
         let mut conn = self.conn.clone();
-        let mut invocation = scripts::WITHDRAW.prepare_invoke();
-        invocation.key(&keys.lock).arg(token.as_str());
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(&keys.lock).arg(token.as_str()).arg(channel);
         let deleted: i64 = self
-            .bounded("withdraw", invocation.invoke_async(&mut conn))
+            .bounded("release", invocation.invoke_async(&mut conn))
             .await?;
         Ok(deleted == 1)
     }
