@@ -80,6 +80,9 @@ impl LockGuard {
     /// A number that grows with every grant of this key (single-node and in-memory modes), so a
     /// resource can reject writes from a holder that has been superseded. `None` in Redlock mode
     /// and when fencing is turned off in the config.
+    ///
+    /// A key's counter starts from the server clock in microseconds, so tokens keep growing across
+    /// a Redis restart that lost the counter, as long as that clock does not go back.
     pub fn fencing_token(&self) -> Option<u64> {
         self.held.fence
     }

@@ -9,12 +9,26 @@ use redis::Script;
 /// Returns `{1, fence}` when the lock is ours (fence 0 when fencing is off), `{0, pttl}` when
 /// someone else holds it. Idempotent for one token: an attempt whose reply was lost can be sent
 /// again and answers "ours" (refreshing the TTL) instead of "held".
+///
+/// A fence counter that does not exist yet (first grant of the key, or Redis restarted without
+/// its data) starts from the server's clock in microseconds, not from 1: it then still exceeds
+/// every token handed out before, as long as the clock does not go back and the key saw fewer
+/// than one grant per microsecond on average.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local function fence()
+  if ARGV[3] ~= '1' then return 0 end
+  local f = redis.call('INCR', KEYS[2])
+  if f == 1 then
+    local t = redis.call('TIME')
+    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', KEYS[2], f)
+  end
+  return f
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if ARGV[3] == '1' then return {1, redis.call('INCR', KEYS[2])} end
-  return {1, 0}
+  return {1, fence()}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -995,3 +995,37 @@ async fn tokens_and_passwords_never_in_debug_or_logs() {
     }
     assert!(!text.contains(password), "password in the logs");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fencing across a restart that loses the data
+
+/// Redis restarted without persistence loses the fence counter; the next token must still be
+/// larger than every token before (the counter restarts from the server clock, not from 1).
+#[tokio::test]
+async fn fencing_tokens_keep_growing_across_a_restart_without_persistence() {
+    let mut server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:fence-restart");
+    let mut before = 0;
+    for _ in 0..3 {
+        let guard = locks.lock(&key).acquire().await.unwrap();
+        before = guard.fencing_token().unwrap();
+        guard.release().await.unwrap();
+    }
+    server.restart();
+    assert!(
+        server.keys(&format!("{}*", redis_key(&key))).is_empty(),
+        "restart kept the data"
+    );
+    // The client reconnects on its own; retry through the brief reconnection window.
+    let guard = locks
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let after = guard.fencing_token().unwrap();
+    eprintln!("fencing token {before} before the restart, {after} after");
+    assert!(after > before, "token went back from {before} to {after}");
+    guard.release().await.unwrap();
+}

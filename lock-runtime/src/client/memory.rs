@@ -77,7 +77,12 @@ impl MemoryStore {
                     },
                 );
                 let fence = fencing.then(|| {
-                    let counter = state.fences.entry(keys.fence.clone()).or_insert(0);
+                    // Like Redis: a new counter starts from the clock in microseconds, so tokens
+                    // still grow across a restart of the process.
+                    let counter = state
+                        .fences
+                        .entry(keys.fence.clone())
+                        .or_insert_with(clock_micros);
                     *counter += 1;
                     *counter
                 });
@@ -113,4 +118,10 @@ impl MemoryStore {
         }
         ours
     }
+}
+
+fn clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

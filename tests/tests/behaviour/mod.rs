@@ -108,7 +108,7 @@ impl Fx {
 /// The least-privilege ACL user the README documents.
 pub(crate) const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
      +evalsha +eval +script|load +subscribe +unsubscribe +ping +select \
-     +set +get +del +incr +pexpire +pttl +publish";
+     +set +get +del +incr +pexpire +pttl +publish +time";
 
 pub(crate) async fn acquire_release(fx: &Fx) {
     let key = unique_key("beh:basic");
