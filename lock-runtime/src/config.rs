@@ -34,7 +34,7 @@ pub struct LockConfig {
     pub(crate) drift_factor: f64,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
-    pub(crate) fencing: bool,
+    pub(crate) fencing: Option<bool>,
     pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -60,7 +60,7 @@ impl LockConfig {
             drift_factor: 0.01,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(500),
-            fencing: true,
+            fencing: None,
             runtime: None,
         }
     }
@@ -184,11 +184,17 @@ impl LockConfig {
         self
     }
 
-    /// Whether single-node locks carry a fencing token (default true). The token is a per-key
-    /// counter that lives in Redis forever (one small key per lock name); turn it off when lock
-    /// names are unbounded and nothing checks the token.
+    /// Whether locks carry a fencing token: a per-key number that grows with every grant, which a
+    /// resource can use to reject a superseded holder. Default: on for single-node and in-memory
+    /// locks, off for Redlock.
+    ///
+    /// The counter lives in Redis forever (one small key per lock name); turn fencing off when lock
+    /// names are unbounded and nothing checks the token. In Redlock mode the token is the largest
+    /// of the granting nodes' counters, written back to a majority before the lock is handed out
+    /// (one more round trip per acquire), so every later majority sees it; it is monotonic as long
+    /// as no node loses its counters (`appendfsync always`).
     pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing = enabled;
+        self.fencing = Some(enabled);
         self
     }
 
@@ -284,6 +290,9 @@ impl LockConfig {
                 ));
             }
         }
+        let fencing = self
+            .fencing
+            .unwrap_or(!matches!(&backend, ValidBackend::Redlock(nodes) if nodes.len() > 1));
         Ok(ValidConfig {
             runtime: self.runtime.clone(),
             backend,
@@ -297,7 +306,7 @@ impl LockConfig {
                 drift_factor: self.drift_factor,
                 connect_timeout: self.connect_timeout,
                 response_timeout: self.response_timeout,
-                fencing: self.fencing,
+                fencing,
             },
         })
     }

@@ -77,9 +77,9 @@ impl LockGuard {
         &self.held.keys.name
     }
 
-    /// A number that grows with every grant of this key (single-node and in-memory modes), so a
-    /// resource can reject writes from a holder that has been superseded. `None` in Redlock mode
-    /// and when fencing is turned off in the config.
+    /// A number that grows with every grant of this key, so a resource can reject writes from a
+    /// holder that has been superseded. `None` when fencing is off: by default in Redlock mode, or
+    /// when turned off with [`LockConfig::fencing`](crate::LockConfig::fencing).
     ///
     /// A key's counter starts from the server clock in microseconds, so tokens keep growing across
     /// a Redis restart that lost the counter, as long as that clock does not go back.

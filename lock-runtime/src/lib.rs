@@ -165,8 +165,9 @@
 //!   lock twice: use fencing, or Redlock.
 //! - Redlock: mutual exclusion under Redlock's assumptions (independent nodes, bounded clock rate
 //!   error, restarts delayed by a TTL or `appendfsync always`); survives the loss of a minority of
-//!   nodes. [`LockGuard::fencing_token`] is `None`: no counter is monotonic across independent
-//!   nodes.
+//!   nodes. Fencing is opt-in here ([`LockConfig::fencing`]): the token is the largest counter of
+//!   the granting majority, written back to a majority before the guard is returned, so every
+//!   later majority hands out a larger one (as long as no node loses its counters).
 //! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a 128-bit
 //!   random token) extends or releases; loss is signalled; no orphan locks after cancellation or
 //!   panic; contention and failure are distinct errors.

@@ -68,3 +68,16 @@ return 0
 ",
     )
 });
+
+/// KEYS: fence. ARGV: value. Raises the fence counter to at least `value` (Redlock: the token a
+/// quorum granted, written back so that every later majority includes a node that has seen it).
+pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+",
+    )
+});

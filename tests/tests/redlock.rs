@@ -869,3 +869,41 @@ async fn six_processes_through_the_attribute_count_exactly() {
     let gone = assert_no_keys_left(&all, &lock_key, Duration::from_secs(3)).await;
     eprintln!("redlock processes: {clean}/5 nodes clean at exit, all {gone:?} later");
 }
+
+/// With fencing turned on, Redlock tokens grow across grants made by different majorities: before
+/// each grant a different pair of the 5 nodes is frozen, so consecutive grants come from different
+/// quorums whose counters started at different times. The token is the largest counter of the
+/// granting nodes, written back to a majority before it is handed out; without that write-back a
+/// quorum that misses the node with the largest counter would hand out a smaller token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_across_changing_quorums() {
+    let cluster = RedisCluster::start(5);
+    let clients: Vec<LockClient> = (0..2)
+        .map(|_| LockClient::new(config(cluster.urls()).fencing(true)).expect("valid config"))
+        .collect();
+    let key = unique_key("redlock:fencing");
+    let mut last = 0;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for round in 0..40 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let a = (seed >> 33) as usize % 5;
+        let b = (a + 1 + (seed >> 40) as usize % 4) % 5;
+        cluster.nodes[a].freeze();
+        cluster.nodes[b].freeze();
+        let guard = clients[round % 2]
+            .lock(&key)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("round {round} (nodes {a}, {b} frozen): {e}"));
+        let token = guard.fencing_token().expect("fencing is on");
+        assert!(
+            token > last,
+            "round {round} (nodes {a}, {b} frozen): token {token} after {last}"
+        );
+        last = token;
+        guard.release().await.expect("release");
+        cluster.nodes[a].thaw();
+        cluster.nodes[b].thaw();
+    }
+}

@@ -167,7 +167,7 @@ impl Backend {
                 .acquire(keys, token, ttl, settings.fencing)
                 .await
                 .map_err(|f| vec![f]),
-            Backend::Redlock(redlock) => redlock.acquire(keys, token, ttl).await,
+            Backend::Redlock(redlock) => redlock.acquire(keys, token, ttl, settings.fencing).await,
             Backend::Memory(store) => Ok(store.acquire(keys, token, ttl, settings.fencing)),
         }
     }

@@ -170,6 +170,7 @@ impl Redlock {
         keys: &Arc<LockKeys>,
         token: &Token,
         ttl: Duration,
+        fencing: bool,
     ) -> Result<Attempt, Vec<NodeFailure>> {
         let (reply_tx, mut replies) = mpsc::unbounded_channel();
         // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
@@ -189,7 +190,7 @@ impl Redlock {
                     return;
                 }
                 step.after_previous().await;
-                let reply = node.acquire(&keys, &token, ttl, false).await;
+                let reply = node.acquire(&keys, &token, ttl, fencing).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -216,12 +217,16 @@ impl Redlock {
         let spare = self.nodes.len() - self.quorum;
         let mut pending = self.nodes.len();
         let mut won = 0;
+        let mut fence = 0;
         let mut shortest_pttl: Option<Duration> = None;
         let mut failures = Vec::new();
         while let Some(reply) = replies.recv().await {
             pending -= 1;
             match reply {
-                Ok(Attempt::Acquired { .. }) => won += 1,
+                Ok(Attempt::Acquired { fence: granted }) => {
+                    won += 1;
+                    fence = fence.max(granted.unwrap_or(0));
+                }
                 Ok(Attempt::Held { pttl }) => {
                     if let Some(p) = pttl {
                         shortest_pttl = Some(shortest_pttl.map_or(p, |s| s.min(p)));
@@ -237,10 +242,18 @@ impl Redlock {
                 break;
             }
         }
-        let acquired = won >= self.quorum;
+        let mut acquired = won >= self.quorum;
+        if acquired && fencing {
+            if let Err(raise_failures) = self.raise_fence(keys, fence).await {
+                acquired = false;
+                failures = raise_failures;
+            }
+        }
         verdict_tx.send_replace(Some(acquired));
         if acquired {
-            Ok(Attempt::Acquired { fence: None })
+            Ok(Attempt::Acquired {
+                fence: fencing.then_some(fence),
+            })
         } else if failures.len() > spare {
             Err(failures)
         } else {
@@ -248,6 +261,35 @@ impl Redlock {
                 pttl: shortest_pttl,
             })
         }
+    }
+
+    /// Writes the granted token back to the nodes' fence counters and returns once a majority has
+    /// it: any later grant's majority shares a node with this one, whose counter then makes the
+    /// later token larger. The other nodes finish in the background.
+    async fn raise_fence(&self, keys: &Arc<LockKeys>, fence: u64) -> Result<(), Vec<NodeFailure>> {
+        let (tx, mut replies) = mpsc::unbounded_channel();
+        for node in &self.nodes {
+            let (node, keys, tx) = (Arc::clone(node), Arc::clone(keys), tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(node.raise_fence(&keys, fence).await);
+            });
+        }
+        drop(tx);
+        let mut done = 0;
+        let mut failures = Vec::new();
+        while let Some(reply) = replies.recv().await {
+            match reply {
+                Ok(()) => done += 1,
+                Err(failure) => failures.push(failure),
+            }
+            if done >= self.quorum {
+                return Ok(());
+            }
+            if failures.len() > self.nodes.len() - self.quorum {
+                break;
+            }
+        }
+        Err(failures)
     }
 
     /// Extends on every node in parallel; a lock is extended when a quorum confirms it, and not

@@ -202,6 +202,16 @@ impl RedisNode {
         Ok(deleted == 1)
     }
 
+    /// Raises the lock's fence counter to at least `fence` (see `scripts::RAISE_FENCE`).
+    pub(crate) async fn raise_fence(&self, keys: &LockKeys, fence: u64) -> Result<(), NodeFailure> {
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
+        invocation.key(&keys.fence).arg(fence);
+        self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
+            .await
+            .map(drop)
+    }
+
     /// Subscribes this node's listener to the lock's release channel; `None` when the listener
     /// cannot confirm the subscription (the waiter then relies on its backoff alone).
     pub(crate) async fn subscribe(&self, keys: &LockKeys) -> Option<NodeSubscription> {
