@@ -226,6 +226,33 @@ pub(crate) async fn cancelled_future_frees_promptly(fx: &Fx) {
     eprintln!("free after cancellation: {took:?}");
 }
 
+/// A waiter whose future is dropped stops waiting; a grant it might still have received on the way
+/// out is released, so the lock is free right after the holder lets go (not after its 30s TTL).
+pub(crate) async fn cancelled_waiter_keeps_nothing(fx: &Fx) {
+    let key = unique_key("beh:cancelwait");
+    let held =
+        fx.a.lock(&key)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+    let b = fx.b.clone();
+    let k = key.clone();
+    let waiter = tokio::spawn(async move {
+        b.lock(&k)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    fx.await_waiter(&key);
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    held.release().await.unwrap();
+    let took = fx.time_until_free(&key, Duration::from_secs(5)).await;
+    eprintln!("free after the holder released, waiter cancelled: {took:?}");
+}
+
 pub(crate) async fn panic_frees(fx: &Fx) {
     let key = unique_key("beh:panic");
     let a = fx.a.clone();
@@ -300,7 +327,7 @@ macro_rules! behaviour_tests {
         behaviour_tests!(@each $fixture;
             acquire_release, contention_error_and_waited, waiter_gets_lock_right_after_release,
             renewal_keeps_a_short_lock, dropped_guard_frees_promptly, cancelled_future_frees_promptly,
-            panic_frees, fencing_tokens_increase, blocking_api_inside_async_code,
+            cancelled_waiter_keeps_nothing, panic_frees, fencing_tokens_increase, blocking_api_inside_async_code,
             release_of_a_lost_lock_is_lost);
     };
     (@each $fixture:expr; $($name:ident),*) => {
