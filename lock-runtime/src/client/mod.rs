@@ -433,7 +433,10 @@ impl LockClient {
                     tokio::select! {
                         () = tokio::time::sleep(nap) => {}
                         () = released => {}
-                        () = &mut caller_gone => return None,
+                        () = &mut caller_gone => {
+                            self.release_in_background(&keys, &token, unsure);
+                            return None;
+                        }
                     }
                     continue;
                 }
