@@ -29,7 +29,7 @@ impl Fx {
     pub(crate) fn redis() -> Fx {
         let server = RedisServer::start();
         let url = server.url();
-        Fx::on(server, &url)
+        Fx::on(server, &url, |config| config)
     }
 
     /// Clients hosted on the calling test's own runtime (`LockConfig::runtime`): lock operations
@@ -37,16 +37,9 @@ impl Fx {
     pub(crate) fn redis_hosted() -> Fx {
         let server = RedisServer::start();
         let url = server.url();
-        let config = || {
-            LockConfig::single(&url)
-                .retry_delay(Duration::from_millis(50))
-                .runtime(tokio::runtime::Handle::current())
-        };
-        Fx {
-            a: LockClient::new(config()).unwrap(),
-            b: LockClient::new(config()).unwrap(),
-            server: Some(server),
-        }
+        Fx::on(server, &url, |config| {
+            config.runtime(tokio::runtime::Handle::current())
+        })
     }
 
     /// A user limited to what the crate needs: its scripts, pub/sub on its channels, keys and
@@ -57,11 +50,11 @@ impl Fx {
             ..ServerOptions::default()
         });
         let url = server.url_as("locker", "lockpw");
-        Fx::on(server, &url)
+        Fx::on(server, &url, |config| config)
     }
 
-    fn on(server: RedisServer, url: &str) -> Fx {
-        let config = || LockConfig::single(url).retry_delay(Duration::from_millis(50));
+    fn on(server: RedisServer, url: &str, adjust: impl Fn(LockConfig) -> LockConfig) -> Fx {
+        let config = || adjust(LockConfig::single(url).retry_delay(Duration::from_millis(50)));
         Fx {
             a: LockClient::new(config()).unwrap(),
             b: LockClient::new(config()).unwrap(),
