@@ -352,7 +352,17 @@ impl fmt::Debug for LockConfig {
             .field("drift_factor", &self.drift_factor)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
-            .field("fencing", &self.fencing)
+            .field(
+                "fencing",
+                &format_args!(
+                    "{}",
+                    match self.fencing {
+                        Some(true) => "on",
+                        Some(false) => "off",
+                        None => "default (on; off for redlock)",
+                    }
+                ),
+            )
             .field(
                 "runtime",
                 &format_args!(
