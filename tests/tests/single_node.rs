@@ -28,3 +28,25 @@ fn works_across_successive_runtimes() {
         .release_blocking()
         .unwrap();
 }
+
+/// `redis://host:port/3` selects database 3: the lock lives there and nowhere else.
+#[tokio::test]
+async fn the_url_database_is_used() {
+    let server = lock_tests::RedisServer::start();
+    let url = format!("{}3", server.url());
+    let client = lock_runtime::LockClient::new(lock_runtime::LockConfig::single(url)).unwrap();
+    let key = lock_tests::unique_key("single:db");
+    let guard = client.lock(&key).acquire().await.unwrap();
+    let mut admin = server.admin();
+    let in_db = |db: i64, admin: &mut redis::Connection| -> i64 {
+        let _: () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
+        redis::cmd("EXISTS")
+            .arg(format!("lock:{{{key}}}"))
+            .query(admin)
+            .unwrap()
+    };
+    assert_eq!(in_db(3, &mut admin), 1);
+    assert_eq!(in_db(0, &mut admin), 0);
+    guard.release().await.unwrap();
+    assert_eq!(in_db(3, &mut admin), 0);
+}
