@@ -1,5 +1,7 @@
 //! What `#[distributed_lock]` expands to. Not public API: no stability guarantees.
 
+/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
+pub use crate::client::redis_keys;
 pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 

@@ -25,8 +25,7 @@ pub(crate) use memory::MemoryStore;
 pub(crate) use redlock::Redlock;
 pub(crate) use single::RedisNode;
 
-/// The Redis keys and channel of one lock. They share a Redis Cluster hash tag: the caller's own
-/// `{tag}` when the key has one, else the whole key wrapped in braces.
+/// The Redis keys and channel of one lock (see [`redis_keys`]).
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// The key as the caller wrote it (in errors and `LockGuard::key`).
@@ -38,31 +37,63 @@ pub(crate) struct LockKeys {
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: String) -> Self {
-        let tagged = has_hash_tag(&name);
-        let mut lock = String::with_capacity(prefix.len() + name.len() + 2);
-        lock.push_str(prefix);
-        if !tagged {
-            lock.push('{');
-        }
-        lock.push_str(&name);
-        if !tagged {
-            lock.push('}');
-        }
+        let [lock, fence, channel] = redis_keys(prefix, &name);
         LockKeys {
-            fence: [lock.as_str(), ":fence"].concat(),
-            channel: [lock.as_str(), ":released"].concat(),
             lock,
+            fence,
+            channel,
             name,
         }
     }
 }
 
-/// Whether Redis Cluster would hash only part of `key`: a `{` followed later by a `}` with at
-/// least one character between them.
-fn has_hash_tag(key: &str) -> bool {
-    key.find('{')
-        .and_then(|open| key[open + 1..].find('}'))
-        .is_some_and(|len| len > 0)
+/// The Redis lock key, fence counter key and release channel of the lock `name`, in that order.
+///
+/// The layout is injective: no two names (and no name and kind) share a key, whatever braces the
+/// names contain. All three carry one Redis Cluster hash tag, so they live in one slot:
+/// - a name without a hash tag is escaped (`%` -> `%25`, `{` -> `%7B`, `}` -> `%7D`) and wrapped
+///   in braces: `lock:{wallet:42}`, `lock:{wallet:42}:fence`, `lock:{wallet:42}:released`;
+/// - a name with a hash tag `{t}` keeps `t` as the tag, so names that share a tag share a slot,
+///   followed by `=` and the escaped name: `lock:{t}=a:%7Bt%7D`, `lock:{t}:fence=a:%7Bt%7D`, ...
+///
+/// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
+/// without a tag, and carries an `=` with one.
+pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+    let escaped = escape(name);
+    let (tag, rest) = match hash_tag(name) {
+        Some(tag) => (tag, ["=", &*escaped].concat()),
+        None => (&*escaped, String::new()),
+    };
+    let base = [prefix, "{", tag, "}"].concat();
+    [
+        [base.as_str(), rest.as_str()].concat(),
+        [base.as_str(), ":fence", rest.as_str()].concat(),
+        [base.as_str(), ":released", rest.as_str()].concat(),
+    ]
+}
+
+/// The part of `key` Redis Cluster hashes when it has a hash tag: the text between the first `{`
+/// and the next `}`, when not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+fn escape(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains(['%', '{', '}']) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The secret that proves ownership of one acquisition: 128 random bits from the OS, hex encoded.
@@ -536,15 +567,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_share_one_hash_tag() {
-        let k = LockKeys::new("lock:", "wallet:42".to_owned());
-        assert_eq!(k.lock, "lock:{wallet:42}");
-        assert_eq!(k.fence, "lock:{wallet:42}:fence");
-        assert_eq!(k.channel, "lock:{wallet:42}:released");
-        let k = LockKeys::new("lock:", "wallet:{42}:x".to_owned());
-        assert_eq!(k.lock, "lock:wallet:{42}:x");
-        let k = LockKeys::new("lock:", "odd{}".to_owned());
-        assert_eq!(k.lock, "lock:{odd{}}");
+    fn key_layout() {
+        let keys = |name: &str| redis_keys("lock:", name);
+        assert_eq!(
+            keys("wallet:42"),
+            [
+                "lock:{wallet:42}",
+                "lock:{wallet:42}:fence",
+                "lock:{wallet:42}:released"
+            ]
+        );
+        assert_eq!(keys("a{t}b")[0], "lock:{t}=a%7Bt%7Db");
+        assert_eq!(keys("a{t}b")[1], "lock:{t}:fence=a%7Bt%7Db");
+        assert_eq!(keys("odd{}")[0], "lock:{odd%7B%7D}");
+    }
+
+    #[test]
+    fn key_layout_is_injective() {
+        let names = [
+            "x",
+            "{x}",
+            "{x}:fence",
+            "{x}:released",
+            "x:fence",
+            "x}",
+            "{x",
+            "%7Bx%7D",
+            "x=",
+            "{x}=",
+            "{x}=%7Bx%7D",
+            "a{x}",
+            "{x}a",
+            "",
+            "{}",
+            "{{x}",
+            "%",
+            "%25",
+            "x:released",
+            "{y}:fence",
+            "y",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for name in names {
+            for (kind, key) in keys_of(name).into_iter().enumerate() {
+                if let Some(other) = seen.insert(key.clone(), (name, kind)) {
+                    panic!("{key} is both {other:?} and {:?}", (name, kind));
+                }
+            }
+        }
+    }
+
+    fn keys_of(name: &str) -> [String; 3] {
+        redis_keys("lock:", name)
+    }
+
+    #[test]
+    fn the_three_keys_share_a_slot() {
+        for name in ["wallet:42", "a{t}b", "{x}", "a}b", "{{x}", "x{}"] {
+            let keys = redis_keys("lock:", name);
+            let tags: Vec<_> = keys.iter().map(|k| hash_tag(k)).collect();
+            assert!(tags[0].is_some(), "{name}: {keys:?}");
+            assert!(tags.iter().all(|t| *t == tags[0]), "{name}: {keys:?}");
+        }
+        assert_eq!(hash_tag(&redis_keys("lock:", "a{t}b")[0]), Some("t"));
     }
 
     #[test]
