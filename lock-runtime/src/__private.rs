@@ -1,11 +1,13 @@
 //! What `#[distributed_lock]` expands to. Not public API: no stability guarantees.
 
-/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
-pub use crate::client::redis_keys;
 pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 
-use crate::{Lock, global};
+/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
+pub use crate::backend::redis_keys;
+
+use crate::Lock;
+use crate::hold::{Verdict, verdict};
 
 /// The return type of a `#[distributed_lock]` function.
 #[diagnostic::on_unimplemented(
@@ -16,11 +18,17 @@ use crate::{Lock, global};
 pub trait LockResult: Sized {
     /// The error value for a lock failure.
     fn from_lock_error(err: LockError) -> Self;
+    /// Whether this is a success (which a lost lock must not let through).
+    fn is_success(&self) -> bool;
 }
 
 impl<T, E: From<LockError>> LockResult for Result<T, E> {
     fn from_lock_error(err: LockError) -> Self {
         Err(E::from(err))
+    }
+
+    fn is_success(&self) -> bool {
+        self.is_ok()
     }
 }
 
@@ -34,20 +42,7 @@ pub trait KeyPart: core::fmt::Display {}
 
 impl<T: core::fmt::Display + ?Sized> KeyPart for T {}
 
-pub async fn acquire(
-    key: String,
-    ttl: Option<Duration>,
-    wait: Option<Duration>,
-) -> Result<LockGuard, LockError> {
-    let client = global::client()?;
-    client.acquire(key, ttl, wait).await
-}
-
-pub fn acquire_blocking(
-    key: String,
-    ttl: Option<Duration>,
-    wait: Option<Duration>,
-) -> Result<LockGuard, LockError> {
+fn lock(key: String, ttl: Option<Duration>, wait: Option<Duration>) -> Lock {
     let mut lock = Lock::new(key);
     if let Some(ttl) = ttl {
         lock = lock.ttl(ttl);
@@ -55,7 +50,23 @@ pub fn acquire_blocking(
     if let Some(wait) = wait {
         lock = lock.wait(wait);
     }
-    lock.acquire_blocking()
+    lock
+}
+
+pub async fn acquire(
+    key: String,
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+) -> Result<LockGuard, LockError> {
+    lock(key, ttl, wait).acquire().await
+}
+
+pub fn acquire_blocking(
+    key: String,
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+) -> Result<LockGuard, LockError> {
+    lock(key, ttl, wait).acquire_blocking()
 }
 
 pub fn lock_error<R: LockResult>(err: LockError) -> R {
@@ -72,16 +83,14 @@ pub async fn until_lost<F: Future>(guard: &LockGuard, body: F) -> Option<F::Outp
     }
 }
 
-/// Releases the guard after an async body. The body's result, unless the lock was lost: then
-/// `Err(Lost)`. A release that cannot reach Redis does not override a finished body's result (the
-/// lock expires by its TTL).
+/// Releases the guard after an async body and returns the call's result (see `hold::verdict`).
 pub async fn finish<R: LockResult>(guard: LockGuard, out: Option<R>) -> R {
     let key = guard.key().to_owned();
     let released = guard.release().await;
     settle(key, out, released)
 }
 
-/// [`finish`] for sync bodies: a lock lost while the body ran turns its result into `Err(Lost)`.
+/// [`finish`] for sync bodies: a lock lost while the body ran turns its success into `Err(Lost)`.
 pub fn finish_blocking<R: LockResult>(guard: LockGuard, out: R) -> R {
     let key = guard.key().to_owned();
     let released = guard.release_blocking();
@@ -89,13 +98,14 @@ pub fn finish_blocking<R: LockResult>(guard: LockGuard, out: R) -> R {
 }
 
 fn settle<R: LockResult>(key: String, out: Option<R>, released: Result<(), LockError>) -> R {
-    match (out, released) {
-        (_, Err(err @ LockError::Lost { .. })) => R::from_lock_error(err),
-        (None, _) => R::from_lock_error(LockError::Lost { key }),
-        (Some(out), Ok(())) => out,
-        (Some(out), Err(err)) => {
-            tracing::warn!(%key, %err, "release failed; the lock expires by its ttl");
-            out
-        }
+    match (
+        verdict(&key, out.as_ref().map(R::is_success), &released),
+        out,
+    ) {
+        (Verdict::Body, Some(out)) => out,
+        (_, _) => R::from_lock_error(match released {
+            Err(lost @ LockError::Lost { .. }) => lost,
+            _ => LockError::Lost { key },
+        }),
     }
 }

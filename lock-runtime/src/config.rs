@@ -25,16 +25,7 @@ pub const ENV_URL: &str = "LOCK_REDIS_URL";
 #[derive(Clone)]
 pub struct LockConfig {
     pub(crate) backend: BackendConfig,
-    pub(crate) key_prefix: String,
-    pub(crate) default_ttl: Duration,
-    pub(crate) default_wait: Duration,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: f64,
-    pub(crate) renew_interval: Option<Duration>,
-    pub(crate) drift_factor: f64,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
-    pub(crate) fencing: Option<bool>,
+    pub(crate) settings: Settings,
     pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -51,16 +42,18 @@ impl LockConfig {
     fn with_backend(backend: BackendConfig) -> Self {
         LockConfig {
             backend,
-            key_prefix: "lock:".to_owned(),
-            default_ttl: Duration::from_secs(30),
-            default_wait: Duration::ZERO,
-            retry_delay: Duration::from_millis(100),
-            retry_jitter: 0.5,
-            renew_interval: None,
-            drift_factor: 0.01,
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_millis(500),
-            fencing: None,
+            settings: Settings {
+                key_prefix: "lock:".to_owned(),
+                default_ttl: Duration::from_secs(30),
+                default_wait: Duration::ZERO,
+                retry_delay: Duration::from_millis(100),
+                retry_jitter: 0.5,
+                renew_interval: None,
+                drift_factor: 0.01,
+                connect_timeout: Duration::from_secs(1),
+                response_timeout: Duration::from_millis(500),
+                fencing: None,
+            },
             runtime: None,
         }
     }
@@ -127,60 +120,64 @@ impl LockConfig {
     /// Prefix put in front of every lock key in Redis (default `"lock:"`). Lets an ACL user be
     /// limited to `~lock:*`.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
+        self.settings.key_prefix = prefix.into();
         self
     }
 
     /// Time to live of a lock when the call site names none (default 30s). The lock is renewed
     /// while held, so this bounds how long a crashed holder blocks others, not how long a body may run.
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
-        self.default_ttl = ttl;
+        self.settings.default_ttl = ttl;
         self
     }
 
     /// How long to wait for a held lock when the call site names no `wait` (default 0: one attempt).
+    /// `Duration::MAX` waits for as long as it takes.
     pub fn default_wait(mut self, wait: Duration) -> Self {
-        self.default_wait = wait;
+        self.settings.default_wait = wait;
         self
     }
 
     /// Base delay between attempts while waiting when no release notification arrives
     /// (default 100ms). A waiter never sleeps past the holder's remaining TTL.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.retry_delay = delay;
+        self.settings.retry_delay = delay;
         self
     }
 
     /// Random spread applied to `retry_delay`, as a fraction in `[0, 1]` (default 0.5: each delay is
     /// drawn from 50%..150% of the base), so that waiters do not retry in lockstep.
     pub fn retry_jitter(mut self, fraction: f64) -> Self {
-        self.retry_jitter = fraction;
+        self.settings.retry_jitter = fraction;
         self
     }
 
-    /// How often a held lock is renewed (default: a third of its TTL). Must be shorter than the TTL.
+    /// How often a held lock is renewed (default: a third of its TTL). A renewal is also always
+    /// sent early enough to be confirmed before the lock's validity runs out (one
+    /// `response_timeout`, at most a third of the TTL, before), whatever the interval. Must leave room for one request within
+    /// `default_ttl`: `renew_interval + response_timeout + drift < default_ttl`.
     pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.renew_interval = Some(interval);
+        self.settings.renew_interval = Some(interval);
         self
     }
 
     /// Clock drift allowance as a fraction of the TTL (default 0.01). A lock is considered valid
     /// until `ttl - elapsed - (ttl * drift_factor + 2ms)`; past that without a confirmed renewal it is lost.
     pub fn drift_factor(mut self, factor: f64) -> Self {
-        self.drift_factor = factor;
+        self.settings.drift_factor = factor;
         self
     }
 
     /// Timeout for establishing a connection to a node (default 1s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.settings.connect_timeout = timeout;
         self
     }
 
     /// Timeout for one request to a node (default 500ms). In Redlock mode this is the per-node
     /// timeout: a slow node never delays a decision the other nodes already allow.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+        self.settings.response_timeout = timeout;
         self
     }
 
@@ -194,7 +191,7 @@ impl LockConfig {
     /// (one more round trip per acquire), so every later majority sees it; it is monotonic as long
     /// as no node loses its counters (`appendfsync always`).
     pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing = Some(enabled);
+        self.settings.fencing = Some(enabled);
         self
     }
 
@@ -242,41 +239,54 @@ impl LockConfig {
                 ));
             }
         };
-        positive("default_ttl", self.default_ttl)?;
-        positive("retry_delay", self.retry_delay)?;
-        positive("connect_timeout", self.connect_timeout)?;
-        positive("response_timeout", self.response_timeout)?;
-        if !(0.0..=1.0).contains(&self.retry_jitter) {
+        let settings = &self.settings;
+        check_ttl("default_ttl", settings.default_ttl)?;
+        positive("retry_delay", settings.retry_delay)?;
+        positive("connect_timeout", settings.connect_timeout)?;
+        positive("response_timeout", settings.response_timeout)?;
+        if settings.connect_timeout > MAX_TTL {
+            return Err(LockError::config(
+                "connect_timeout",
+                "must be at most 365 days",
+            ));
+        }
+        if !(0.0..=1.0).contains(&settings.retry_jitter) {
             return Err(LockError::config("retry_jitter", "must be between 0 and 1"));
         }
-        if !(0.0..0.5).contains(&self.drift_factor) {
+        if !(0.0..0.5).contains(&settings.drift_factor) {
             return Err(LockError::config(
                 "drift_factor",
                 "must be at least 0 and below 0.5",
             ));
         }
-        if let Some(interval) = self.renew_interval {
-            positive("renew_interval", interval)?;
-            if interval >= self.default_ttl {
-                return Err(LockError::config(
-                    "renew_interval",
-                    format!(
-                        "must be shorter than default_ttl ({:?}), got {interval:?}",
-                        self.default_ttl
-                    ),
-                ));
-            }
-        }
-        if self.response_timeout >= self.default_ttl {
+        if settings.response_timeout >= settings.default_ttl {
             return Err(LockError::config(
                 "response_timeout",
                 format!(
                     "must be shorter than default_ttl ({:?}) or no renewal could ever be confirmed",
-                    self.default_ttl
+                    settings.default_ttl
                 ),
             ));
         }
-        if self.key_prefix.contains(['{', '}']) {
+        if let Some(interval) = settings.renew_interval {
+            positive("renew_interval", interval)?;
+            let ttl = settings.default_ttl;
+            let room = ttl
+                .saturating_sub(settings.drift(ttl))
+                .saturating_sub(settings.renew_margin(ttl));
+            if interval >= room {
+                return Err(LockError::config(
+                    "renew_interval",
+                    format!(
+                        "must leave room for one request before default_ttl ({:?}) runs out: \
+                         below {room:?} (default_ttl - drift - min(response_timeout, \
+                         default_ttl / 3)), got {interval:?}",
+                        settings.default_ttl
+                    ),
+                ));
+            }
+        }
+        if settings.key_prefix.contains(['{', '}']) {
             return Err(LockError::config(
                 "key_prefix",
                 "must not contain `{` or `}` (the lock key carries the hash tag)",
@@ -290,24 +300,14 @@ impl LockConfig {
                 ));
             }
         }
-        let fencing = self
+        let fencing = settings
             .fencing
             .unwrap_or(!matches!(&backend, ValidBackend::Redlock(nodes) if nodes.len() > 1));
         Ok(ValidConfig {
             runtime: self.runtime.clone(),
             backend,
-            settings: Settings {
-                key_prefix: self.key_prefix.clone(),
-                default_ttl: self.default_ttl,
-                default_wait: self.default_wait,
-                retry_delay: self.retry_delay,
-                retry_jitter: self.retry_jitter,
-                renew_interval: self.renew_interval,
-                drift_factor: self.drift_factor,
-                connect_timeout: self.connect_timeout,
-                response_timeout: self.response_timeout,
-                fencing,
-            },
+            settings: settings.clone(),
+            fencing,
         })
     }
 }
@@ -343,23 +343,23 @@ impl fmt::Debug for LockConfig {
         };
         f.debug_struct("LockConfig")
             .field("backend", &format_args!("{backend}"))
-            .field("key_prefix", &self.key_prefix)
-            .field("default_ttl", &self.default_ttl)
-            .field("default_wait", &self.default_wait)
-            .field("retry_delay", &self.retry_delay)
-            .field("retry_jitter", &self.retry_jitter)
-            .field("renew_interval", &self.renew_interval)
-            .field("drift_factor", &self.drift_factor)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
+            .field("key_prefix", &self.settings.key_prefix)
+            .field("default_ttl", &self.settings.default_ttl)
+            .field("default_wait", &self.settings.default_wait)
+            .field("retry_delay", &self.settings.retry_delay)
+            .field("retry_jitter", &self.settings.retry_jitter)
+            .field("renew_interval", &self.settings.renew_interval)
+            .field("drift_factor", &self.settings.drift_factor)
+            .field("connect_timeout", &self.settings.connect_timeout)
+            .field("response_timeout", &self.settings.response_timeout)
             .field(
                 "fencing",
                 &format_args!(
                     "{}",
-                    match self.fencing {
+                    match self.settings.fencing {
                         Some(true) => "on",
                         Some(false) => "off",
-                        None => "default (on; off for redlock)",
+                        None => "default (on; off for redlock over several nodes)",
                     }
                 ),
             )
@@ -401,6 +401,8 @@ pub(crate) struct ValidConfig {
     pub(crate) runtime: Option<tokio::runtime::Handle>,
     pub(crate) backend: ValidBackend,
     pub(crate) settings: Settings,
+    /// [`Settings::fencing`] resolved for the backend.
+    pub(crate) fencing: bool,
 }
 
 #[allow(
@@ -427,7 +429,7 @@ impl NodeAddr {
     }
 }
 
-/// The knobs every lock operation reads, after validation.
+/// The knobs every lock operation reads (checked by [`LockConfig::validate`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) key_prefix: String,
@@ -439,7 +441,8 @@ pub(crate) struct Settings {
     pub(crate) drift_factor: f64,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
-    pub(crate) fencing: bool,
+    /// `None`: on, except for Redlock over more than one node.
+    pub(crate) fencing: Option<bool>,
 }
 
 impl Settings {
@@ -452,7 +455,47 @@ impl Settings {
     pub(crate) fn renew_every(&self, ttl: Duration) -> Duration {
         self.renew_interval.unwrap_or(ttl / 3)
     }
+
+    /// How long from now the renewal of a lock whose validity runs out in `remaining` is due:
+    /// after the renew interval, but never later than one request before the validity runs out.
+    pub(crate) fn renew_after(&self, ttl: Duration, remaining: Duration) -> Duration {
+        self.renew_every(ttl)
+            .min(remaining.saturating_sub(self.renew_margin(ttl)))
+    }
+
+    /// How long before its validity deadline a lock's renewal is sent at the latest: time for
+    /// one request, but at most a third of the TTL (short TTLs with long request timeouts are
+    /// renewed every third of their TTL, not continuously).
+    pub(crate) fn renew_margin(&self, ttl: Duration) -> Duration {
+        self.response_timeout.min(ttl / 3)
+    }
 }
+
+/// The one rule for a lock's TTL, from the config or from a call site, the same bounds as the
+/// attribute checks at compile time.
+pub(crate) fn check_ttl(field: &'static str, ttl: Duration) -> Result<(), LockError> {
+    if ttl.is_zero() {
+        return Err(LockError::config(field, "must be greater than zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(LockError::config(
+            field,
+            format!("must be at least {MIN_TTL:?}, got {ttl:?}"),
+        ));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::config(
+            field,
+            format!("must be at most 365 days, got {ttl:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The shortest TTL any lock may have.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(10);
+/// The longest TTL any lock may have: a crashed holder blocks the lock for at most this long.
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn parse_url(field: &'static str, url: &str) -> Result<NodeAddr, LockError> {
     let scheme = url.split_once("://").map(|(s, _)| s);
@@ -554,6 +597,51 @@ mod tests {
             "urls"
         );
         assert_eq!(field(LockConfig::from_url_list(" , ")), "LOCK_REDIS_URL");
+        // Room for one renewal request: interval + response timeout + drift below the ttl.
+        assert_eq!(
+            field(
+                LockConfig::in_memory()
+                    .default_ttl(Duration::from_secs(1))
+                    .renew_interval(Duration::from_millis(990))
+            ),
+            "renew_interval"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().default_ttl(Duration::from_millis(5))),
+            "default_ttl"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().default_ttl(Duration::from_secs(400 * 24 * 3600))),
+            "default_ttl"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().connect_timeout(Duration::MAX)),
+            "connect_timeout"
+        );
+    }
+
+    #[test]
+    fn huge_waits_and_delays_are_valid() {
+        let config = LockConfig::in_memory()
+            .default_wait(Duration::MAX)
+            .retry_delay(Duration::MAX);
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn renewal_is_due_one_request_before_the_deadline() {
+        let settings = LockConfig::in_memory().settings;
+        let ttl = Duration::from_secs(3);
+        // Normally after the interval (ttl / 3)...
+        assert_eq!(settings.renew_after(ttl, ttl), Duration::from_secs(1));
+        // ...but a slow grant whose validity ends sooner is renewed a request before that.
+        let at = settings.renew_after(ttl, Duration::from_millis(700));
+        assert_eq!(at, Duration::from_millis(200));
+        // Never in the past.
+        assert_eq!(settings.renew_after(ttl, Duration::ZERO), Duration::ZERO);
+        // A short ttl with a long request timeout: every third of the ttl, not continuously.
+        let ttl = Duration::from_millis(300);
+        assert_eq!(settings.renew_after(ttl, ttl), Duration::from_millis(100));
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub enum FailureKind {
     Auth,
     /// The user lacks a permission (ACL) the lock needs.
     Permission,
+    /// The server answered that it cannot serve the request now and did not run it (`LOADING`,
+    /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`); retried within `wait`.
+    Busy,
     /// Redis answered with another error.
     Response,
 }
@@ -113,7 +116,7 @@ impl FailureKind {
     pub(crate) fn is_transient(self) -> bool {
         matches!(
             self,
-            FailureKind::Timeout | FailureKind::Refused | FailureKind::Io
+            FailureKind::Timeout | FailureKind::Refused | FailureKind::Io | FailureKind::Busy
         )
     }
 
@@ -131,6 +134,7 @@ impl fmt::Display for NodeFailure {
             FailureKind::Io => "connection failed",
             FailureKind::Auth => "authentication failed",
             FailureKind::Permission => "permission denied",
+            FailureKind::Busy => "server busy",
             FailureKind::Response => "error reply",
         };
         write!(f, "{}: {kind}: {}", self.node, self.detail)
@@ -163,6 +167,14 @@ impl NodeFailure {
         }
     }
 
+    pub(crate) fn response(node: &str, detail: &str) -> Self {
+        NodeFailure {
+            node: node.to_owned(),
+            kind: FailureKind::Response,
+            detail: detail.to_owned(),
+        }
+    }
+
     pub(crate) fn from_redis(node: &str, err: &redis::RedisError) -> Self {
         use redis::ErrorKind;
         let kind = if err.is_timeout() {
@@ -177,6 +189,9 @@ impl NodeFailure {
                 _ => match err.code() {
                     Some("NOAUTH" | "WRONGPASS") => FailureKind::Auth,
                     Some("NOPERM") => FailureKind::Permission,
+                    Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN") => {
+                        FailureKind::Busy
+                    }
                     _ => FailureKind::Response,
                 },
             }

@@ -1,80 +1,47 @@
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::client::{LockClient, LockKeys, Token, background_gone};
-use crate::{LockError, global};
-
-/// One acquisition, shared by its guard and the renewal driver.
-pub(crate) struct Held {
-    pub(crate) id: u64,
-    pub(crate) keys: Arc<LockKeys>,
-    pub(crate) token: Token,
-    pub(crate) ttl: Duration,
-    pub(crate) fence: Option<u64>,
-    /// Cancelled when the lock is declared lost.
-    pub(crate) lost: CancellationToken,
-    /// Set when the guard releases: renewal stops.
-    pub(crate) released: AtomicBool,
-}
-
-impl Held {
-    pub(crate) fn new(
-        keys: Arc<LockKeys>,
-        token: Token,
-        ttl: Duration,
-        fence: Option<u64>,
-    ) -> Self {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        Held {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            keys,
-            token,
-            ttl,
-            fence,
-            lost: CancellationToken::new(),
-            released: AtomicBool::new(false),
-        }
-    }
-}
+use crate::bridge;
+use crate::engine::Engine;
+use crate::error::LockError;
+use crate::hold::Hold;
 
 /// Proof that this process holds a lock. The lock is renewed in the background while the guard
 /// lives, and released by [`release`](Self::release), [`release_blocking`](Self::release_blocking),
 /// or (as a fallback, without reporting the outcome) when the guard is dropped.
 ///
-/// Dropping never blocks: the release is sent from the library's own runtime.
+/// Dropping never blocks: the release is sent from the runtime that hosts the client, and
+/// [`shutdown`](crate::shutdown) waits for it.
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct LockGuard {
-    client: LockClient,
-    held: Arc<Held>,
+    engine: Arc<Engine>,
+    hold: Arc<Hold>,
+    /// Set once the release was started (by `release*`, or by the drop).
     released: bool,
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.held.keys.name)
-            .field("fencing_token", &self.held.fence)
+            .field("key", &self.hold.name)
+            .field("fencing_token", &self.hold.fence)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
     }
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, held: Arc<Held>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, hold: Arc<Hold>) -> Self {
         LockGuard {
-            client,
-            held,
+            engine,
+            hold,
             released: false,
         }
     }
 
     /// The key, as passed to [`Lock::new`](crate::Lock::new) (without the configured prefix).
     pub fn key(&self) -> &str {
-        &self.held.keys.name
+        &self.hold.name
     }
 
     /// A number that grows with every grant of this key, so a resource can reject writes from a
@@ -84,80 +51,48 @@ impl LockGuard {
     /// A key's counter starts from the server clock in microseconds, so tokens keep growing across
     /// a Redis restart that lost the counter, as long as that clock does not go back.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.held.fence
+        self.hold.fence
     }
 
-    /// True once the lock has been lost: renewal was refused, or could not be confirmed before the
-    /// lock's validity ran out. A lost lock stays lost.
+    /// True once the lock has been lost: renewal was refused, or its validity ran out before a
+    /// renewal was confirmed (checked now, on the monotonic clock). A lost lock stays lost.
     pub fn is_lost(&self) -> bool {
-        self.held.lost.is_cancelled()
+        self.hold.check_lost()
     }
 
-    /// Resolves when the lock is lost (never, if it is released first while still held).
+    /// Resolves when the lock is declared lost (never, if it is released first while still held).
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.held.lost.cancelled()
+        self.hold.lost()
     }
 
-    /// Releases the lock. `Err(Lost)` when it was no longer ours (lost before or found taken at
-    /// release), `Err(Unavailable)` when Redis could not be reached (the lock then expires by its TTL).
+    /// Releases the lock. `Err(Lost)` when it was no longer ours (lost before, or found taken at
+    /// release); `Err(Unavailable)` when the servers could not be reached while the lock was still
+    /// valid (it then expires by its TTL).
     pub async fn release(mut self) -> Result<(), LockError> {
-        let release = self.start_release();
-        let runtime = &self.client.inner.runtime;
-        if global::on(runtime) {
-            return global::InPlace::new(release, runtime.clone(), None).await;
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.client.inner.runtime.spawn(async move {
-            let _ = tx.send(release.await);
-        });
-        rx.await.unwrap_or_else(|_| Err(background_gone()))
+        self.released = true;
+        let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
+        bridge::run(&self.engine.runtime, move |_| async move {
+            engine.release(&hold).await
+        })
+        .await?
     }
 
     /// Releases the lock from sync code (blocks this thread, also inside an async runtime).
     pub fn release_blocking(mut self) -> Result<(), LockError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let release = self.start_release();
-        self.client.inner.runtime.spawn(async move {
-            let _ = tx.send(release.await);
-        });
-        global::wait_for(&self.client.inner.runtime, rx).unwrap_or_else(|| Err(background_gone()))
-    }
-
-    /// Stops renewal and returns the release to run on the library's runtime.
-    fn start_release(&mut self) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
         self.released = true;
-        // Read before unregistering: a renewal refused because of this very release must not
-        // count as a loss.
-        let was_lost = self.is_lost();
-        self.held.released.store(true, Ordering::Release);
-        let backend = Arc::clone(&self.client.inner.backend);
-        let held = Arc::clone(&self.held);
-        async move {
-            let key = || held.keys.name.clone();
-            match backend.release(&held.keys, &held.token).await {
-                Ok(true) if !was_lost => Ok(()),
-                Ok(_) => {
-                    held.lost.cancel();
-                    Err(LockError::Lost { key: key() })
-                }
-                Err(causes) => Err(LockError::Unavailable { key: key(), causes }),
-            }
-        }
+        let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
+        bridge::run_blocking(
+            &self.engine.runtime,
+            async move { engine.release(&hold).await },
+        )?
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.released {
-            return;
+        if !self.released {
+            // Early return, panic, cancelled future: the release runs on the hosting runtime.
+            self.engine.release_in_background(&self.hold);
         }
-        // Fallback for guards not released explicitly (early return, panic, cancelled future):
-        // the release runs on the library's runtime, so Drop never blocks.
-        let release = self.start_release();
-        self.client.inner.runtime.spawn(async move {
-            if let Err(err) = release.await {
-                tracing::debug!(%err, "release on drop did not complete");
-            }
-        });
     }
 }

@@ -173,14 +173,19 @@
 //!   panic; contention and failure are distinct errors.
 //! - In memory: the same semantics inside one process, nothing across processes.
 
+mod acquire;
+mod backend;
+mod bridge;
 mod client;
 mod config;
+mod engine;
 mod error;
+mod events;
 mod global;
 mod guard;
+mod hold;
 mod lock;
 mod renew;
-mod scripts;
 mod wait;
 
 #[doc(hidden)]
@@ -189,7 +194,7 @@ pub mod __private;
 pub use client::LockClient;
 pub use config::{ENV_URL, LockConfig};
 pub use error::{FailureKind, LockError, NodeFailure};
-pub use global::init;
+pub use global::{init, shutdown};
 pub use guard::LockGuard;
 pub use lock::Lock;
 /// Runs a function body while holding a distributed lock. See the [crate documentation](crate).

@@ -1,7 +1,12 @@
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{LockClient, LockError, LockGuard, global};
+use crate::bridge;
+use crate::engine::Engine;
+use crate::error::LockError;
+use crate::global;
+use crate::guard::LockGuard;
 
 /// A lock to acquire: the programmatic form of `#[distributed_lock]`.
 ///
@@ -21,7 +26,7 @@ use crate::{LockClient, LockError, LockGuard, global};
 /// ```
 #[must_use = "a Lock does nothing until acquired"]
 pub struct Lock {
-    client: Option<LockClient>,
+    engine: Option<Arc<Engine>>,
     key: String,
     ttl: Option<Duration>,
     wait: Option<Duration>,
@@ -41,19 +46,17 @@ impl Lock {
     /// A lock on `key` through the global client set up by [`init`](crate::init).
     pub fn new(key: impl Into<String>) -> Self {
         Lock {
-            client: None,
+            engine: None,
             key: key.into(),
             ttl: None,
             wait: None,
         }
     }
 
-    pub(crate) fn with_client(client: LockClient, key: String) -> Self {
+    pub(crate) fn on(engine: Arc<Engine>, key: String) -> Self {
         Lock {
-            client: Some(client),
-            key,
-            ttl: None,
-            wait: None,
+            engine: Some(engine),
+            ..Lock::new(key)
         }
     }
 
@@ -64,29 +67,46 @@ impl Lock {
         self
     }
 
-    /// How long to wait while someone else holds it (default from the config, 0: one attempt).
+    /// How long to wait while someone else holds it (default from the config, 0: one attempt;
+    /// `Duration::MAX`: as long as it takes).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
     }
 
-    /// Acquires the lock, waiting up to `wait`. Works from any async runtime (the work runs on the
-    /// library's own). Dropping the future stops waiting and releases anything granted meanwhile.
-    pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let client = match self.client {
-            Some(client) => client,
-            None => global::client()?.clone(),
-        };
-        client.acquire(self.key, self.ttl, self.wait).await
+    fn engine(&self) -> Result<Arc<Engine>, LockError> {
+        match &self.engine {
+            Some(engine) => Ok(Arc::clone(engine)),
+            None => global::engine().map(Arc::clone),
+        }
     }
 
-    /// Acquires the lock from sync code, blocking this thread up to `wait` plus the request
-    /// timeouts. Safe inside an async runtime too (it blocks that thread, it never panics).
+    /// Acquires the lock, waiting up to `wait`. Works from any async runtime (the work runs on the
+    /// runtime that hosts the client). Dropping the future stops waiting and releases anything
+    /// granted meanwhile.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let engine = self.engine()?;
+        let req = engine.request(self.key, self.ttl, self.wait)?;
+        let runtime = engine.runtime.clone();
+        bridge::run(&runtime, move |gone| async move {
+            let hold = engine.acquire(req, gone).await?;
+            Ok(LockGuard::new(engine, hold))
+        })
+        .await?
+    }
+
+    /// Acquires the lock from sync code, blocking this thread up to `wait` plus one request
+    /// timeout. Safe inside an async runtime too (it blocks that thread, it never panics); on a
+    /// current-thread runtime that must also run the holder, it would wait for the full `wait`.
     pub fn acquire_blocking(self) -> Result<LockGuard, LockError> {
-        let client = match self.client {
-            Some(client) => client,
-            None => global::client()?.clone(),
-        };
-        client.acquire_blocking(self.key, self.ttl, self.wait)
+        let engine = self.engine()?;
+        let req = engine.request(self.key, self.ttl, self.wait)?;
+        let runtime = engine.runtime.clone();
+        bridge::run_blocking(&runtime, async move {
+            let hold = engine
+                .acquire(req, tokio_util::sync::CancellationToken::new())
+                .await?;
+            Ok(LockGuard::new(engine, hold))
+        })?
     }
 }

@@ -1,22 +1,25 @@
 //! Renewal: one driver task per client keeps every held lock alive, in batches.
 //!
-//! Each lock is extended every `renew_every(ttl)`; due locks are sent together (one pipeline per
-//! node and chunk), so 10,000 held locks cost a few round trips per tick, not 10,000 tasks. A lock
-//! is declared lost when a node answers "not yours" (a quorum, in Redlock mode) or when its validity
-//! deadline passes without a confirmed extension; one failed request is retried, not a loss.
+//! A lock's renewal is due after its renew interval, and never later than one request timeout
+//! before its validity deadline, so a slow grant or a long interval still leaves time for a
+//! renewal to be confirmed. Due locks are sent together (one pipeline per node and chunk), so
+//! 10,000 held locks cost a few round trips per tick, not 10,000 tasks. Each lock's outcome is
+//! applied as soon as it arrives; a lock is declared lost when a node answers "not yours" (a
+//! quorum, for Redlock) or when its validity deadline passes without a confirmed renewal; one
+//! failed request is retried, not a loss.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::task::JoinSet;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use crate::client::{Backend, ExtendOutcome};
+use crate::backend::{Backend, ExtendOutcome, OwnedExtendItem};
 use crate::config::Settings;
-use crate::guard::Held;
+use crate::events;
+use crate::hold::Hold;
 
 /// Renewals due within this much of each other go out in the same batch.
 const BATCH_WINDOW: Duration = Duration::from_millis(20);
@@ -24,30 +27,24 @@ const BATCH_WINDOW: Duration = Duration::from_millis(20);
 /// Joining locks wake the driver early once this many wait to be picked up.
 const JOIN_BACKLOG: usize = 4096;
 
-/// The handle locks use to join and leave the client's renewal driver.
+/// The handle locks use to join the client's renewal driver.
 ///
-/// Joining and leaving do not wake the driver: a new lock is queued, and wakes the driver only
-/// when its first renewal is due before the driver's next wake-up; a released lock is flagged and
-/// dropped when the driver next looks at it. Taking and releasing a lock thus costs the driver
-/// nothing, and the driver wakes about once per renewal period however many locks come and go.
+/// Joining does not wake the driver unless the new lock's first renewal is due before the
+/// driver's next wake-up; a released lock is flagged and dropped when the driver next looks at it.
+/// Taking and releasing a lock thus costs the driver nothing, and the driver wakes about once per
+/// renewal period however many locks come and go.
 pub(crate) struct Renewer {
     shared: Arc<Shared>,
 }
 
-/// A lock waiting to be picked up by the driver: its validity deadline and first renewal.
-struct Joining {
-    held: Arc<Held>,
-    valid_until: Instant,
-    renew_at: Instant,
-}
-
 struct Shared {
-    joining: Mutex<Vec<Joining>>,
+    joining: Mutex<Vec<Arc<Hold>>>,
     wake: Notify,
     /// The driver's next wake-up in ms since `epoch` (`u64::MAX`: none).
     next_wake_ms: AtomicU64,
     epoch: Instant,
     closed: AtomicBool,
+    settings: Settings,
 }
 
 impl Shared {
@@ -55,52 +52,50 @@ impl Shared {
         u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn take_joining(&self) -> Vec<Joining> {
+    fn take_joining(&self) -> Vec<Arc<Hold>> {
         std::mem::take(&mut *self.joining.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn renew_at(&self, hold: &Hold, now: Instant) -> Instant {
+        let remaining = Instant::from_std(hold.valid_until()).saturating_duration_since(now);
+        now + self.settings.renew_after(hold.ttl, remaining)
     }
 }
 
 impl Renewer {
     /// Starts the driver on the current runtime (the client's).
-    pub(crate) fn start(backend: Arc<Backend>, settings: Arc<Settings>) -> Self {
+    pub(crate) fn start(backend: Arc<Backend>, settings: Settings) -> Self {
         let shared = Arc::new(Shared {
             joining: Mutex::new(Vec::new()),
             wake: Notify::new(),
             next_wake_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             closed: AtomicBool::new(false),
+            settings,
         });
+        let (results_tx, results) = mpsc::unbounded_channel();
         let driver = Driver {
             shared: Arc::clone(&shared),
             backend,
-            settings,
             entries: HashMap::new(),
             timers: BTreeSet::new(),
-            in_flight: JoinSet::new(),
+            results_tx,
+            results,
         };
         tokio::spawn(driver.run());
         Renewer { shared }
     }
 
-    /// Keeps `held` alive until it is released; it is valid until `valid_until` as of now.
-    pub(crate) fn register(
-        &self,
-        held: Arc<Held>,
-        valid_until: std::time::Instant,
-        every: Duration,
-    ) {
-        let renew_at = Instant::now() + every;
+    /// Keeps `hold` alive until it is released or lost.
+    pub(crate) fn register(&self, hold: Arc<Hold>) {
+        let renew_at = self.shared.renew_at(&hold, Instant::now());
         let backlog = {
             let mut joining = self
                 .shared
                 .joining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            joining.push(Joining {
-                held,
-                valid_until: Instant::from_std(valid_until),
-                renew_at,
-            });
+            joining.push(hold);
             joining.len()
         };
         let renew_at = self.shared.ms(renew_at);
@@ -120,9 +115,7 @@ impl Drop for Renewer {
 }
 
 struct Entry {
-    held: Arc<Held>,
-    /// Validity deadline: past it without a confirmed extension, the lock is lost.
-    valid_until: Instant,
+    hold: Arc<Hold>,
     /// When the next extension should be sent.
     renew_at: Instant,
     in_flight: bool,
@@ -132,24 +125,26 @@ struct Entry {
 
 impl Entry {
     fn wake_at(&self) -> Instant {
+        let valid_until = Instant::from_std(self.hold.valid_until());
         if self.in_flight {
-            self.valid_until
+            valid_until
         } else {
-            self.renew_at.min(self.valid_until)
+            self.renew_at.min(valid_until)
         }
     }
 }
 
-type BatchResult = Vec<(u64, Instant, ExtendOutcome)>;
+/// One lock's renewal outcome: its id, when the extension was sent, and the answer.
+type Outcome = (u64, Instant, ExtendOutcome);
 
 struct Driver {
     shared: Arc<Shared>,
     backend: Arc<Backend>,
-    settings: Arc<Settings>,
     entries: HashMap<u64, Entry>,
     /// (wake-up time, lock id), one per entry.
     timers: BTreeSet<(Instant, u64)>,
-    in_flight: JoinSet<BatchResult>,
+    results_tx: mpsc::UnboundedSender<Outcome>,
+    results: mpsc::UnboundedReceiver<Outcome>,
 }
 
 impl Driver {
@@ -164,11 +159,7 @@ impl Driver {
             if joined.is_empty() {
                 tokio::select! {
                     () = self.shared.wake.notified() => {}
-                    Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                        if let Ok(results) = done {
-                            self.apply(results);
-                        }
-                    }
+                    Some(outcome) = self.results.recv() => self.apply(outcome),
                     () = sleep_until(next) => {}
                 }
             } else {
@@ -177,6 +168,10 @@ impl Driver {
             if self.shared.closed.load(Ordering::SeqCst) {
                 return;
             }
+            // Confirmed renewals first: one that arrived must never lose against the deadline.
+            while let Ok(outcome) = self.results.try_recv() {
+                self.apply(outcome);
+            }
             let joined = self.shared.take_joining();
             self.insert(joined);
             self.tick(Instant::now());
@@ -184,24 +179,20 @@ impl Driver {
     }
 
     /// Takes over newly held locks; those released meanwhile (most short ones) are just dropped.
-    fn insert(&mut self, joined: Vec<Joining>) {
-        for Joining {
-            held,
-            valid_until,
-            renew_at,
-        } in joined
-        {
-            if held.released.load(Ordering::Acquire) {
+    fn insert(&mut self, joined: Vec<Arc<Hold>>) {
+        let now = Instant::now();
+        for hold in joined {
+            if hold.is_released() || hold.is_declared_lost() {
                 continue;
             }
-            let id = held.id;
-            let entry = Entry {
-                held,
-                valid_until,
-                renew_at,
+            let id = hold.id;
+            let mut entry = Entry {
+                renew_at: self.shared.renew_at(&hold, now),
+                hold,
                 in_flight: false,
-                timer: renew_at.min(valid_until),
+                timer: now,
             };
+            entry.timer = entry.wake_at();
             self.timers.insert((entry.timer, id));
             self.entries.insert(id, entry);
         }
@@ -213,25 +204,11 @@ impl Driver {
         }
     }
 
-    fn is_released(&self, id: u64) -> bool {
-        self.entries
-            .get(&id)
-            .is_none_or(|entry| entry.held.released.load(Ordering::Acquire))
-    }
-
     fn reschedule(&mut self, id: u64) {
         if let Some(entry) = self.entries.get_mut(&id) {
             self.timers.remove(&(entry.timer, id));
             entry.timer = entry.wake_at();
             self.timers.insert((entry.timer, id));
-        }
-    }
-
-    fn lose(&mut self, id: u64, why: &str) {
-        if let Some(entry) = self.entries.remove(&id) {
-            self.timers.remove(&(entry.timer, id));
-            tracing::warn!(key = %entry.held.keys.name, why, "lock lost");
-            entry.held.lost.cancel();
         }
     }
 
@@ -246,75 +223,82 @@ impl Driver {
             .collect();
         let mut due = Vec::new();
         for id in candidates {
-            if self.is_released(id) {
+            let Some(entry) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if entry.hold.is_released() || entry.hold.is_declared_lost() {
                 self.remove(id);
                 continue;
             }
-            let Some(entry) = self.entries.get(&id) else {
-                continue;
-            };
-            if entry.valid_until <= now {
-                self.lose(id, "validity deadline passed without a confirmed renewal");
+            if entry.hold.check_lost() {
+                self.remove(id);
                 continue;
             }
-            let slack = BATCH_WINDOW.min(self.settings.renew_every(entry.held.ttl) / 4);
+            let slack = BATCH_WINDOW.min(self.shared.settings.renew_every(entry.hold.ttl) / 4);
             if !entry.in_flight && entry.renew_at <= now + slack {
-                due.push(Arc::clone(&entry.held));
-                if let Some(entry) = self.entries.get_mut(&id) {
-                    entry.in_flight = true;
-                }
-                self.reschedule(id);
+                entry.in_flight = true;
+                due.push(Arc::clone(&entry.hold));
             }
+            self.reschedule(id);
         }
         if due.is_empty() {
             return;
         }
         let backend = Arc::clone(&self.backend);
-        self.in_flight.spawn(async move {
+        let results = self.results_tx.clone();
+        tokio::spawn(async move {
             let sent = Instant::now();
-            let items: Vec<_> = due
+            let items: Arc<[OwnedExtendItem]> = due
                 .iter()
-                .map(|held| (&*held.keys, &held.token, held.ttl))
+                .map(|hold| OwnedExtendItem {
+                    name: Arc::clone(&hold.name),
+                    token: hold.token.clone(),
+                    ttl: hold.ttl,
+                })
                 .collect();
-            let outcomes = backend.extend_many(&items).await;
-            due.iter()
-                .zip(outcomes)
-                .map(|(held, outcome)| (held.id, sent, outcome))
-                .collect()
+            backend
+                .extend_many(items, &mut |i, outcome| {
+                    let _ = results.send((due[i].id, sent, outcome));
+                })
+                .await;
         });
     }
 
-    fn apply(&mut self, results: BatchResult) {
-        let now = Instant::now();
-        for (id, sent, outcome) in results {
-            if self.is_released(id) {
-                // Released (or declared lost) while the extension was in flight: a "not ours"
-                // may be that very release.
-                self.remove(id);
-                continue;
-            }
-            let Some(entry) = self.entries.get_mut(&id) else {
-                continue;
-            };
-            entry.in_flight = false;
-            let ttl = entry.held.ttl;
-            let every = self.settings.renew_every(ttl);
-            match outcome {
-                ExtendOutcome::Extended => {
-                    entry.valid_until = sent + ttl.saturating_sub(self.settings.drift(ttl));
-                    entry.renew_at = sent + every;
-                }
-                ExtendOutcome::NotOwned => {
-                    self.lose(id, "the lock is no longer ours");
-                    continue;
-                }
-                ExtendOutcome::Failed(cause) => {
-                    tracing::debug!(key = %entry.held.keys.name, %cause, "renewal failed; retrying");
-                    entry.renew_at = now + (every / 4).max(Duration::from_millis(5));
-                }
-            }
-            self.reschedule(id);
+    fn apply(&mut self, (id, sent, outcome): Outcome) {
+        let settings = &self.shared.settings;
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let hold = Arc::clone(&entry.hold);
+        if hold.is_released() {
+            // Released while the extension was in flight: a "not ours" may be that very release.
+            self.remove(id);
+            return;
         }
+        entry.in_flight = false;
+        let now = Instant::now();
+        match outcome {
+            ExtendOutcome::Extended => {
+                let until = sent + hold.ttl.saturating_sub(settings.drift(hold.ttl));
+                hold.confirm(until.into_std());
+                if hold.check_lost() {
+                    self.remove(id);
+                    return;
+                }
+                entry.renew_at = self.shared.renew_at(&hold, sent.max(now));
+            }
+            ExtendOutcome::NotOwned => {
+                hold.declare_lost("the lock is no longer ours");
+                self.remove(id);
+                return;
+            }
+            ExtendOutcome::Failed(cause) => {
+                events::renewal_failed(&hold.name, &cause);
+                let every = settings.renew_every(hold.ttl);
+                entry.renew_at = now + (every / 4).max(Duration::from_millis(5));
+            }
+        }
+        self.reschedule(id);
     }
 }
 

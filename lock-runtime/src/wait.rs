@@ -1,15 +1,16 @@
-//! Waiting for a held lock: release notifications and the jittered backoff between attempts.
+//! The pieces of waiting for a held lock: the per-client registry that release notifications wake,
+//! and the jittered backoff between attempts. The strategy that combines them is in `acquire.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::config::Settings;
 
-/// Per client: one wake-up signal per release channel that somebody in this process waits on.
-/// Node listeners (Redis pub/sub) and the in-memory backend bump a channel's signal on release.
+/// Per client: one wake-up signal per lock name that somebody in this process waits on. Nodes bump
+/// a name's signal when they learn of its release (Redis pub/sub, or in memory directly).
 #[derive(Debug, Default)]
 pub(crate) struct WakeRegistry {
     channels: Mutex<HashMap<String, Slot>>,
@@ -22,7 +23,7 @@ struct Slot {
 }
 
 impl WakeRegistry {
-    /// Starts watching `channel`: every later [`notify`](Self::notify) of it wakes the handle.
+    /// Starts watching `name`: every later [`notify`](Self::notify) of it wakes the handle.
     pub(crate) fn watch(self: &Arc<Self>, channel: &str) -> WakeHandle {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = channels.entry(channel.to_owned()).or_insert_with(|| Slot {
@@ -34,11 +35,10 @@ impl WakeRegistry {
             rx: slot.tx.subscribe(),
             registry: Arc::clone(self),
             channel: channel.to_owned(),
-            subscriptions: Vec::new(),
         }
     }
 
-    /// A release happened on `channel`.
+    /// `channel` (a lock name) was released.
     pub(crate) fn notify(&self, channel: &str) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = channels.get(channel) {
@@ -71,15 +71,9 @@ pub(crate) struct WakeHandle {
     rx: watch::Receiver<u64>,
     registry: Arc<WakeRegistry>,
     channel: String,
-    subscriptions: Vec<NodeSubscription>,
 }
 
 impl WakeHandle {
-    /// Keeps a node's subscription alive for as long as this handle lives.
-    pub(crate) fn hold(&mut self, subscription: NodeSubscription) {
-        self.subscriptions.push(subscription);
-    }
-
     /// Forget releases seen so far: call right before an attempt, so that a release after the
     /// attempt's answer is seen by [`released`](Self::released).
     pub(crate) fn mark_seen(&mut self) {
@@ -97,30 +91,6 @@ impl WakeHandle {
 impl Drop for WakeHandle {
     fn drop(&mut self) {
         self.registry.forget(&self.channel);
-    }
-}
-
-/// A command to a node's notification listener.
-#[derive(Debug)]
-pub(crate) enum Listen {
-    /// Subscribe (reference-counted); the reply says whether the subscription is confirmed.
-    Subscribe(String, tokio::sync::oneshot::Sender<bool>),
-    Unsubscribe(String),
-}
-
-/// A waiter's reference to one node's subscription of a channel; dropping it unsubscribes.
-#[derive(Debug)]
-pub(crate) struct NodeSubscription {
-    pub(crate) listener: mpsc::UnboundedSender<Listen>,
-    pub(crate) channel: String,
-}
-
-impl Drop for NodeSubscription {
-    fn drop(&mut self) {
-        // The listener may be gone already (client dropped); nothing is left to undo then.
-        let _ = self
-            .listener
-            .send(Listen::Unsubscribe(std::mem::take(&mut self.channel)));
     }
 }
 
@@ -142,9 +112,10 @@ impl Backoff {
     }
 
     pub(crate) fn next_delay(&mut self) -> Duration {
-        let nominal = self.base * (1 << self.step.min(3));
-        self.step += 1;
-        nominal.mul_f64(1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64())
+        let nominal = self.base.saturating_mul(1 << self.step.min(3));
+        self.step = self.step.saturating_add(1);
+        let factor = 1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64();
+        Duration::try_from_secs_f64(nominal.as_secs_f64() * factor).unwrap_or(nominal)
     }
 }
 

@@ -1,5 +1,5 @@
-//! Redlock: N independent Redis masters, each running the single-node operations; a lock is held
-//! while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
+//! Redlock: a quorum over N independent nodes (any [`Node`]), each running the single-node
+//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
 //! as soon as the quorum is won or can no longer be won: a slow or frozen minority never delays it.
 //!
 //! The requests a decision no longer waits for still run to the end in the background: after a
@@ -16,30 +16,28 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Attempt, ExtendOutcome, LockKeys, RedisNode, Token};
-use crate::config::{NodeAddr, Settings};
-use crate::error::{LockError, NodeFailure};
-use crate::wait::{NodeSubscription, WakeRegistry};
+use super::{Attempt, ExtendOutcome, Node, OwnedExtendItem, Subscription, Token};
+use crate::error::NodeFailure;
 
-pub(crate) struct Redlock {
-    nodes: Vec<Arc<RedisNode>>,
+pub(crate) struct Quorum {
+    nodes: Vec<Arc<dyn Node>>,
     quorum: usize,
     /// The latest acquire or release of each (lock, token) that still runs on some node.
     in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
 }
 
-impl std::fmt::Debug for Redlock {
+impl std::fmt::Debug for Quorum {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Not `in_flight`: it holds tokens.
-        f.debug_struct("Redlock")
+        f.debug_struct("Quorum")
             .field("nodes", &self.nodes)
             .field("quorum", &self.quorum)
             .finish_non_exhaustive()
     }
 }
 
-/// The Redis key of a lock and a token.
-type OpKey = (String, String);
+/// A lock's name and a token.
+type OpKey = (Arc<str>, Token);
 
 /// Per node, in node order: how the operation is going there.
 type NodeSignals = Arc<[NodeSignal]>;
@@ -118,26 +116,18 @@ impl Drop for OpEntry {
     }
 }
 
-impl Redlock {
-    pub(crate) fn new(
-        addrs: &[NodeAddr],
-        settings: &Settings,
-        wakers: Arc<WakeRegistry>,
-    ) -> Result<Self, LockError> {
-        let nodes = addrs
-            .iter()
-            .map(|addr| RedisNode::new(addr, settings, Arc::clone(&wakers)).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Redlock {
+impl Quorum {
+    pub(crate) fn new(nodes: Vec<Arc<dyn Node>>) -> Self {
+        Quorum {
             quorum: nodes.len() / 2 + 1,
             nodes,
             in_flight: Arc::default(),
-        })
+        }
     }
 
-    /// Starts an operation of `token` on `keys`: one step per node, in node order.
-    fn begin(&self, keys: &LockKeys, token: &Token) -> Vec<NodeStep> {
-        let key = (keys.lock.clone(), token.as_str().to_owned());
+    /// Starts an operation of `token` on `name`: one step per node, in node order.
+    fn begin(&self, name: &Arc<str>, token: &Token) -> Vec<NodeStep> {
+        let key = (Arc::clone(name), token.clone());
         let signals: NodeSignals = self.nodes.iter().map(|_| NodeSignal::default()).collect();
         let previous = self
             .in_flight
@@ -167,7 +157,7 @@ impl Redlock {
     /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
     pub(crate) async fn acquire(
         &self,
-        keys: &Arc<LockKeys>,
+        name: &Arc<str>,
         token: &Token,
         ttl: Duration,
         fencing: bool,
@@ -176,8 +166,8 @@ impl Redlock {
         // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
         // before deciding): withdraw them.
         let (verdict_tx, verdict) = watch::channel(None::<bool>);
-        for (node, step) in self.nodes.iter().zip(self.begin(keys, token)) {
-            let (node, keys, token) = (Arc::clone(node), Arc::clone(keys), token.clone());
+        for (node, step) in self.nodes.iter().zip(self.begin(name, token)) {
+            let (node, name, token) = (Arc::clone(node), Arc::clone(name), token.clone());
             let (reply_tx, mut verdict) = (reply_tx.clone(), verdict.clone());
             tokio::spawn(async move {
                 if let Some(failure) = step.node_failing() {
@@ -190,7 +180,7 @@ impl Redlock {
                     return;
                 }
                 step.after_previous().await;
-                let reply = node.acquire(&keys, &token, ttl, fencing).await;
+                let reply = node.acquire(&name, &token, ttl, fencing).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -205,7 +195,7 @@ impl Redlock {
                     // published. Otherwise every split vote would wake every waiter at once, they
                     // would all retry together and split the vote again (close to a livelock);
                     // instead they retry after their jittered backoff.
-                    if let Err(failure) = node.withdraw(&keys, &token).await {
+                    if let Err(failure) = node.release(&name, &token, false).await {
                         step.mark_failed(&failure);
                     }
                 }
@@ -244,7 +234,7 @@ impl Redlock {
         }
         let mut acquired = won >= self.quorum;
         if acquired && fencing {
-            if let Err(raise_failures) = self.raise_fence(keys, fence).await {
+            if let Err(raise_failures) = self.raise_fence(name, fence).await {
                 acquired = false;
                 failures = raise_failures;
             }
@@ -266,12 +256,12 @@ impl Redlock {
     /// Writes the granted token back to the nodes' fence counters and returns once a majority has
     /// it: any later grant's majority shares a node with this one, whose counter then makes the
     /// later token larger. The other nodes finish in the background.
-    async fn raise_fence(&self, keys: &Arc<LockKeys>, fence: u64) -> Result<(), Vec<NodeFailure>> {
+    async fn raise_fence(&self, name: &Arc<str>, fence: u64) -> Result<(), Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
         for node in &self.nodes {
-            let (node, keys, tx) = (Arc::clone(node), Arc::clone(keys), tx.clone());
+            let (node, name, tx) = (Arc::clone(node), Arc::clone(name), tx.clone());
             tokio::spawn(async move {
-                let _ = tx.send(node.raise_fence(&keys, fence).await);
+                let _ = tx.send(node.raise_fence(&name, fence).await);
             });
         }
         drop(tx);
@@ -292,26 +282,25 @@ impl Redlock {
         Err(failures)
     }
 
-    /// Extends on every node in parallel; a lock is extended when a quorum confirms it, and not
-    /// ours any more when a quorum can no longer confirm it because nodes said "not yours".
+    /// Extends on every node in parallel; an item is extended when a quorum confirms it, and not
+    /// ours any more when a quorum can no longer confirm it because nodes said "not yours". Each
+    /// item is reported as soon as it is settled, so a slow node or item never holds back the
+    /// confirmed ones.
     ///
     /// Nodes slower than the decision still finish in the background: abandoning them would let
     /// the lock expire there (or never load the script there), until it sits on a bare quorum
     /// and the next single node failure loses it.
     pub(crate) async fn extend_many(
         &self,
-        items: &[(&LockKeys, &Token, Duration)],
-    ) -> Vec<ExtendOutcome> {
-        let owned: Arc<[(LockKeys, Token, Duration)]> = items
-            .iter()
-            .map(|(keys, token, ttl)| ((*keys).clone(), (*token).clone(), *ttl))
-            .collect();
+        items: Arc<[OwnedExtendItem]>,
+        done: &mut (dyn FnMut(usize, ExtendOutcome) + Send),
+    ) {
         let (tx, mut pending) = mpsc::unbounded_channel();
         for node in &self.nodes {
-            let (node, owned, tx) = (Arc::clone(node), Arc::clone(&owned), tx.clone());
+            let (node, items, tx) = (Arc::clone(node), Arc::clone(&items), tx.clone());
             tokio::spawn(async move {
-                let items: Vec<_> = owned.iter().map(|(k, t, ttl)| (k, t, *ttl)).collect();
-                let _ = tx.send(node.extend_many(&items).await);
+                let borrowed: Vec<_> = items.iter().map(OwnedExtendItem::borrow).collect();
+                let _ = tx.send(node.extend_many(&borrowed).await);
             });
         }
         drop(tx);
@@ -319,13 +308,13 @@ impl Redlock {
         let mut yes = vec![0usize; items.len()];
         let mut no = vec![0usize; items.len()];
         let mut first_failure: Vec<Option<NodeFailure>> = vec![None; items.len()];
-        let decided = |yes: &[usize], no: &[usize]| {
-            yes.iter()
-                .zip(no)
-                .all(|(y, no)| *y >= self.quorum || n - no < self.quorum)
-        };
+        let mut settled = vec![false; items.len()];
+        let mut open = items.len();
         while let Some(replies) = pending.recv().await {
-            for (i, reply) in replies.into_iter().enumerate() {
+            for (i, reply) in replies.into_iter().enumerate().take(items.len()) {
+                if settled[i] {
+                    continue;
+                }
                 match reply {
                     ExtendOutcome::Extended => yes[i] += 1,
                     ExtendOutcome::NotOwned => no[i] += 1,
@@ -333,24 +322,31 @@ impl Redlock {
                         first_failure[i].get_or_insert(f);
                     }
                 }
-            }
-            if decided(&yes, &no) {
-                break;
-            }
-        }
-        (0..items.len())
-            .map(|i| {
-                if yes[i] >= self.quorum {
+                let outcome = if yes[i] >= self.quorum {
                     ExtendOutcome::Extended
                 } else if n - no[i] < self.quorum {
                     ExtendOutcome::NotOwned
                 } else {
-                    ExtendOutcome::Failed(first_failure[i].take().unwrap_or_else(|| {
+                    continue;
+                };
+                settled[i] = true;
+                open -= 1;
+                done(i, outcome);
+            }
+            if open == 0 {
+                return;
+            }
+        }
+        for (i, failure) in first_failure.into_iter().enumerate() {
+            if !settled[i] {
+                done(
+                    i,
+                    ExtendOutcome::Failed(failure.unwrap_or_else(|| {
                         NodeFailure::timeout("quorum", "extend on a quorum of nodes")
-                    }))
-                }
-            })
-            .collect()
+                    })),
+                );
+            }
+        }
     }
 
     /// Releases on every node. Returns once the outcome is settled (a quorum said "ours" or
@@ -358,21 +354,22 @@ impl Redlock {
     /// minority never makes the caller wait.
     pub(crate) async fn release(
         &self,
-        keys: &Arc<LockKeys>,
+        name: &Arc<str>,
         token: &Token,
+        wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
-        for (node, step) in self.nodes.iter().zip(self.begin(keys, token)) {
-            let (node, keys, token, tx) = (
+        for (node, step) in self.nodes.iter().zip(self.begin(name, token)) {
+            let (node, name, token, tx) = (
                 Arc::clone(node),
-                Arc::clone(keys),
+                Arc::clone(name),
                 token.clone(),
                 tx.clone(),
             );
             // Its own task, so each node completes even if nobody waits.
             tokio::spawn(async move {
                 step.after_previous().await;
-                let reply = node.release(&keys, &token).await;
+                let reply = node.release(&name, &token, wake).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -401,13 +398,10 @@ impl Redlock {
         Err(failures)
     }
 
-    /// Subscribes on every node (a release publishes on each), concurrently.
-    pub(crate) async fn subscribe(&self, keys: &LockKeys) -> Vec<NodeSubscription> {
-        let subs: Vec<_> = self.nodes.iter().map(|node| node.subscribe(keys)).collect();
-        futures_util::future::join_all(subs)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+    /// Subscribes on every node (a release publishes on each). A quorum of confirmations is
+    /// enough: a release that succeeded reached a quorum of nodes, and any two quorums share one.
+    pub(crate) fn watch(&self, name: &str) -> (Vec<Subscription>, usize) {
+        let subs = self.nodes.iter().map(|node| node.watch(name)).collect();
+        (subs, self.quorum)
     }
 }

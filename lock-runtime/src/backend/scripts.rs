@@ -10,13 +10,18 @@ use redis::Script;
 /// someone else holds it. Idempotent for one token: an attempt whose reply was lost can be sent
 /// again and answers "ours" (refreshing the TTL) instead of "held".
 ///
-/// A fence counter that does not exist yet (first grant of the key, or Redis restarted without
-/// its data) starts from the server's clock in microseconds, not from 1: it then still exceeds
-/// every token handed out before, as long as the clock does not go back and the key saw fewer
-/// than one grant per microsecond on average.
+/// Every step that can fail (a key of the wrong type, a fence that is not a number, `OOM`) comes
+/// before the lock is written, so a failed call leaves no lock behind; the `#!lua` line makes
+/// Redis refuse the whole script up front when it is out of memory.
+///
+/// A fence counter that does not exist (first grant of the key, evicted, or Redis restarted
+/// without its data) starts from the server's clock in microseconds, not from 1: it then still
+/// exceeds every token handed out before, as long as the clock does not go back and the key saw
+/// fewer than one grant per microsecond on average. A same-token retry takes the same path, so it
+/// never answers without a fence.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        r"#!lua
 local function fence()
   if ARGV[3] ~= '1' then return 0 end
   local f = redis.call('INCR', KEYS[2])
@@ -27,24 +32,31 @@ local function fence()
   end
   return f
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, fence()}
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  local f = 0
+  if ARGV[3] == '1' then
+    f = tonumber(redis.call('GET', KEYS[2]) or '') or fence()
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[3] == '1' then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
-  return {1, 0}
+  return {1, f}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+if holder then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local f = fence()
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, f}
 ",
     )
 });
 
-/// KEYS: lock. ARGV: token, ttl_ms. Returns 1 when the TTL was reset, 0 when the lock is not ours.
+/// KEYS: lock. ARGV: token, ttl_ms. Returns 1 when the TTL was reset, 0 when the lock is not ours
+/// (also when the key now holds another type: it certainly is not our lock any more).
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -53,13 +65,13 @@ return 0
 });
 
 /// KEYS: lock. ARGV: token, release channel (empty: wake nobody). Deletes the lock when it is
-/// ours and, unless the channel is empty, wakes the waiters subscribed to it. Returns 1 when it was
+/// ours (a key of another type is not ours) and, unless the channel is empty, wakes the waiters subscribed to it. Returns 1 when it was
 /// ours, 0 otherwise. Without a channel it withdraws the grants of a Redlock attempt that did not
 /// win a quorum: they never were a lock, so nobody is woken.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
   return 1

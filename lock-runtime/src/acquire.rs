@@ -1,0 +1,267 @@
+//! Acquiring: attempt -> decide -> wait, all bounded by one deadline.
+//!
+//! Whatever the servers do (answer slowly, freeze, refuse), an acquire answers within its `wait`
+//! plus one request timeout: every request is bounded by the node's own timeout, waiting never
+//! sleeps past the deadline, and setting up release notifications never holds up an attempt.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Attempt, Backend, BoxFuture, Subscription, Token};
+use crate::config::Settings;
+use crate::error::{LockError, NodeFailure};
+use crate::events;
+use crate::wait::{Backoff, WakeHandle, WakeRegistry};
+
+/// What one acquisition asks for.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) name: Arc<str>,
+    pub(crate) ttl: Duration,
+    /// `None`: wait as long as it takes.
+    pub(crate) give_up: Option<Instant>,
+    pub(crate) fencing: bool,
+}
+
+/// A grant.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) token: Token,
+    pub(crate) fence: Option<u64>,
+    pub(crate) valid_until: Instant,
+}
+
+/// How an acquisition ended, and whether a grant may sit on a server unseen (an attempt whose
+/// answer never came): then the caller must release `token` in the background.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    pub(crate) result: Result<Granted, LockError>,
+    pub(crate) unsure: Option<Token>,
+}
+
+/// How to spend the time between a "held" answer and the next attempt.
+pub(crate) trait WaitStrategy: Send {
+    /// Called right before each attempt.
+    fn before_attempt(&mut self);
+
+    /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
+    /// holder's remaining time to live, when the server said.
+    fn pause<'a>(&'a mut self, pttl: Option<Duration>, until: Option<Instant>)
+    -> BoxFuture<'a, ()>;
+}
+
+/// The default strategy: subscribe to release notifications after the first "held" answer, then
+/// retry on a release, on a newly confirmed subscription (a release may have come before it), or
+/// after a jittered backoff capped by the holder's remaining TTL.
+pub(crate) struct NotifyOrBackoff<'a> {
+    backend: &'a Backend,
+    wakers: &'a Arc<WakeRegistry>,
+    name: &'a str,
+    backoff: Backoff,
+    watch: Option<Watching>,
+}
+
+struct Watching {
+    wake: WakeHandle,
+    /// Confirmations still to come, and how many more make a release impossible to miss.
+    pending: FuturesUnordered<BoxFuture<'static, bool>>,
+    needed: usize,
+    _subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
+}
+
+impl<'a> NotifyOrBackoff<'a> {
+    pub(crate) fn new(
+        backend: &'a Backend,
+        wakers: &'a Arc<WakeRegistry>,
+        name: &'a str,
+        settings: &Settings,
+    ) -> Self {
+        NotifyOrBackoff {
+            backend,
+            wakers,
+            name,
+            backoff: Backoff::new(settings),
+            watch: None,
+        }
+    }
+}
+
+impl WaitStrategy for NotifyOrBackoff<'_> {
+    fn before_attempt(&mut self) {
+        if let Some(w) = self.watch.as_mut() {
+            w.wake.mark_seen();
+        }
+    }
+
+    fn pause<'b>(
+        &'b mut self,
+        pttl: Option<Duration>,
+        until: Option<Instant>,
+    ) -> BoxFuture<'b, ()> {
+        let nap = self
+            .backoff
+            .next_delay()
+            .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)));
+        let wake_at = cap(Instant::now(), nap, until);
+        if self.watch.is_none() {
+            let wake = self.wakers.watch(self.name);
+            let (subscriptions, needed) = self.backend.watch(self.name);
+            let pending = FuturesUnordered::new();
+            let mut keep = Vec::with_capacity(subscriptions.len());
+            for Subscription { confirmed, _keep } in subscriptions {
+                pending.push(confirmed);
+                keep.push(_keep);
+            }
+            self.watch = Some(Watching {
+                wake,
+                pending,
+                needed,
+                _subscriptions: keep,
+            });
+        }
+        Box::pin(async move {
+            let Some(w) = self.watch.as_mut() else {
+                return;
+            };
+            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
+            tokio::pin!(sleep);
+            loop {
+                let confirming = w.needed > 0 && !w.pending.is_empty();
+                tokio::select! {
+                    () = &mut sleep => return,
+                    () = w.wake.released() => return,
+                    Some(ok) = w.pending.next(), if confirming => {
+                        if ok {
+                            w.needed -= 1;
+                            if w.needed == 0 {
+                                // From now on no release can be missed: look again, since one
+                                // may have happened before.
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// `now + d`, but not past `until`, and never overflowing.
+fn cap(now: Instant, d: Duration, until: Option<Instant>) -> Instant {
+    let at = now.checked_add(d);
+    match (at, until) {
+        (Some(at), Some(until)) => at.min(until),
+        (Some(at), None) => at,
+        (None, Some(until)) => until,
+        (None, None) => now + Duration::from_secs(3600),
+    }
+}
+
+/// Acquires `req` on `backend`, waiting with `strategy` while someone else holds it, until
+/// `req.give_up` or until `caller_gone` is cancelled.
+pub(crate) async fn acquire(
+    backend: &Backend,
+    settings: &Settings,
+    req: &Request,
+    strategy: &mut dyn WaitStrategy,
+    caller_gone: &CancellationToken,
+) -> Ended {
+    let token = Token::new();
+    let started = Instant::now();
+    let mut attempts = 0u32;
+    let mut backoff = Backoff::new(settings);
+    // Set once an attempt's outcome is unknown (timeout, broken connection): the lock may be
+    // ours on the server, so a failed call must release by token before returning.
+    let mut unsure = false;
+    let mut final_try = false;
+    let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
+    let result = loop {
+        strategy.before_attempt();
+        attempts += 1;
+        let attempt_start = Instant::now();
+        let attempt = backend
+            .acquire(&req.name, &token, req.ttl, req.fencing)
+            .await;
+        let now = Instant::now();
+        let failures = match attempt {
+            Ok(Attempt::Acquired { fence }) => {
+                let valid_until = attempt_start + req.ttl.saturating_sub(settings.drift(req.ttl));
+                if valid_until > now {
+                    events::acquired(&req.name, now - started, attempts, fence);
+                    break Ok(Granted {
+                        token: token.clone(),
+                        fence,
+                        valid_until,
+                    });
+                }
+                // Granted too slowly to be of use: not a success.
+                unsure = true;
+                vec![NodeFailure::timeout(
+                    "quorum",
+                    "acquire before the lock's validity ran out",
+                )]
+            }
+            Ok(Attempt::Held { pttl }) => {
+                // `unsure` stays set: after a reconnect, an earlier attempt may still land
+                // behind this answer. A release by token is harmless if it never did.
+                if past(now) {
+                    break Err(LockError::Contended {
+                        key: req.name.to_string(),
+                        waited: now - started,
+                    });
+                }
+                tokio::select! {
+                    () = strategy.pause(pttl, req.give_up) => {}
+                    () = caller_gone.cancelled() => {
+                        return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
+                    }
+                }
+                continue;
+            }
+            Err(failures) => failures,
+        };
+        unsure |= failures.iter().any(|f| f.kind.may_have_applied());
+        let retry = failures.iter().all(|f| f.kind.is_transient());
+        if !retry || final_try {
+            break Err(unavailable(&req.name, failures));
+        }
+        if past(now) {
+            if !unsure {
+                break Err(unavailable(&req.name, failures));
+            }
+            // The last outcome is unknown: ask once more with the same token (the acquire
+            // script answers "ours" for it) rather than guess.
+            final_try = true;
+            continue;
+        }
+        let until = cap(now, backoff.next_delay(), req.give_up);
+        tokio::select! {
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => {}
+            () = caller_gone.cancelled() => {
+                return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
+            }
+        }
+    };
+    if let Err(err) = &result {
+        events::not_acquired(err, attempts);
+    }
+    let unsure = (result.is_err() && unsure).then_some(token);
+    Ended { result, unsure }
+}
+
+fn gone() -> LockError {
+    LockError::Runtime {
+        reason: "the caller stopped waiting".to_owned(),
+    }
+}
+
+fn unavailable(name: &str, causes: Vec<NodeFailure>) -> LockError {
+    LockError::Unavailable {
+        key: name.to_owned(),
+        causes,
+    }
+}

@@ -1,0 +1,231 @@
+//! Where locks live. A backend implements [`Node`] once per server and owns its key layout; the
+//! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several.
+
+mod memory;
+mod redis;
+mod redlock;
+mod scripts;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::NodeFailure;
+
+pub(crate) use memory::MemoryNode;
+pub(crate) use redis::RedisNode;
+pub use redis::redis_keys;
+pub(crate) use redlock::Quorum;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One lock server. Every method is one request (one script call per Redis node), bounded by the
+/// node's own request timeout.
+pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
+    /// Takes `name` for `token`, or refreshes it when `token` already holds it (a retry after an
+    /// unknown outcome answers "ours" rather than "held").
+    fn acquire<'a>(
+        &'a self,
+        name: &'a str,
+        token: &'a Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> BoxFuture<'a, Result<Attempt, NodeFailure>>;
+
+    /// Extends each item for which the node still holds its token; one outcome per item, in
+    /// order. A bad item never fails the others.
+    fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>>;
+
+    /// Deletes the lock when `token` holds it and, when `wake`, notifies the waiters. `Ok(true)`
+    /// when it was ours.
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        token: &'a Token,
+        wake: bool,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>>;
+
+    /// Raises `name`'s fence counter to at least `fence` (Redlock fencing write-back).
+    fn raise_fence<'a>(
+        &'a self,
+        name: &'a str,
+        fence: u64,
+    ) -> BoxFuture<'a, Result<(), NodeFailure>>;
+
+    /// Starts listening for releases of `name` on this node; releases then wake the client's
+    /// waiters of `name`. Never blocks: the returned subscription's `confirmed` future resolves
+    /// once the node confirmed it (or failed to), and dropping the subscription undoes it.
+    fn watch(&self, name: &str) -> Subscription;
+}
+
+/// A waiter's interest in one node's release notifications for one lock.
+pub(crate) struct Subscription {
+    /// Resolves to true once the node confirmed the subscription: releases after that point wake
+    /// the waiter. False when it could not be confirmed (the waiter relies on its backoff).
+    pub(crate) confirmed: BoxFuture<'static, bool>,
+    /// Undoes the subscription when dropped.
+    pub(crate) _keep: Option<Box<dyn Send + Sync>>,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
+/// One lock to extend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExtendItem<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) token: &'a Token,
+    pub(crate) ttl: Duration,
+}
+
+/// The secret that proves ownership of one acquisition: a random (v4) UUID. Never printed:
+/// `Debug` hides it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Token(Arc<str>);
+
+impl Token {
+    pub(crate) fn new() -> Self {
+        let mut buf = uuid::Uuid::encode_buffer();
+        Token(Arc::from(
+            &*uuid::Uuid::new_v4().simple().encode_lower(&mut buf),
+        ))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// The answer to one acquire attempt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Attempt {
+    Acquired {
+        fence: Option<u64>,
+    },
+    /// Someone else holds it; `pttl` is its remaining time to live when known.
+    Held {
+        pttl: Option<Duration>,
+    },
+}
+
+/// The answer to one extension.
+#[derive(Debug, Clone)]
+pub(crate) enum ExtendOutcome {
+    Extended,
+    /// The lock is no longer ours (expired, deleted, or taken by someone else).
+    NotOwned,
+    /// No answer that settles it; the renewal driver retries until the validity deadline.
+    Failed(NodeFailure),
+}
+
+/// What the lock lifecycle talks to: one node, or a quorum of independent nodes (Redlock).
+#[derive(Debug)]
+pub(crate) enum Backend {
+    One(Arc<dyn Node>),
+    Quorum(Quorum),
+}
+
+impl Backend {
+    pub(crate) async fn acquire(
+        &self,
+        name: &Arc<str>,
+        token: &Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<Attempt, Vec<NodeFailure>> {
+        match self {
+            Backend::One(node) => node
+                .acquire(name, token, ttl, fencing)
+                .await
+                .map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.acquire(name, token, ttl, fencing).await,
+        }
+    }
+
+    /// Extends `items`, reporting each item's outcome to `done` as soon as it is settled, so a
+    /// slow item never holds back the confirmed ones.
+    pub(crate) async fn extend_many(
+        &self,
+        items: Arc<[OwnedExtendItem]>,
+        done: &mut (dyn FnMut(usize, ExtendOutcome) + Send),
+    ) {
+        match self {
+            Backend::One(node) => {
+                let borrowed: Vec<ExtendItem<'_>> = items.iter().map(|i| i.borrow()).collect();
+                for (i, outcome) in node.extend_many(&borrowed).await.into_iter().enumerate() {
+                    done(i, outcome);
+                }
+            }
+            Backend::Quorum(quorum) => quorum.extend_many(items, done).await,
+        }
+    }
+
+    /// `Ok(true)` when the lock was ours up to the release.
+    pub(crate) async fn release(
+        &self,
+        name: &Arc<str>,
+        token: &Token,
+        wake: bool,
+    ) -> Result<bool, Vec<NodeFailure>> {
+        match self {
+            Backend::One(node) => node.release(name, token, wake).await.map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.release(name, token, wake).await,
+        }
+    }
+
+    /// Subscribes to `name`'s releases on every node. `needed` is how many confirmations make a
+    /// release impossible to miss: one node, or a quorum (a release that succeeded reached a
+    /// quorum, which shares a node with any quorum of subscriptions).
+    pub(crate) fn watch(&self, name: &str) -> (Vec<Subscription>, usize) {
+        match self {
+            Backend::One(node) => (vec![node.watch(name)], 1),
+            Backend::Quorum(quorum) => quorum.watch(name),
+        }
+    }
+}
+
+/// An [`ExtendItem`] that owns its parts, to cross task boundaries.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedExtendItem {
+    pub(crate) name: Arc<str>,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+}
+
+impl OwnedExtendItem {
+    pub(crate) fn borrow(&self) -> ExtendItem<'_> {
+        ExtendItem {
+            name: &self.name,
+            token: &self.token,
+            ttl: self.ttl,
+        }
+    }
+}
+
+/// Milliseconds for Redis, at least 1.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_are_random_and_hidden() {
+        let (a, b) = (Token::new(), Token::new());
+        assert_eq!(a.as_str().len(), 32);
+        assert_ne!(a, b);
+        assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+}

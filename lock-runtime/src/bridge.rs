@@ -1,0 +1,132 @@
+//! The one place that hops between the caller's thread or runtime and the runtime that hosts a
+//! client (the library's own, or the caller's own with `LockConfig::runtime`).
+//!
+//! - [`run`]: from async code. On the hosting runtime the work runs in place; elsewhere it runs as
+//!   a task there and the caller awaits its answer.
+//! - [`run_blocking`]: from sync code; blocks this thread, never the hosting runtime.
+//! - Work started by either is never cut off halfway: if the caller goes away, the work is told
+//!   through its [`CancellationToken`] and finishes on the hosting runtime.
+
+use std::pin::Pin;
+use std::sync::LazyLock;
+use std::task::{Context, Poll, ready};
+
+use tokio::runtime::{Handle, Runtime};
+use tokio_util::sync::CancellationToken;
+
+use crate::LockError;
+
+/// Connections, renewal and releases live here unless the config names a runtime, so locks keep
+/// working across `#[tokio::test]` runtimes, from plain `main`, and from sync code inside async
+/// code.
+static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("lock-runtime")
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+});
+
+/// The library's own runtime.
+pub(crate) fn library_runtime() -> Result<&'static Handle, LockError> {
+    match &*RUNTIME {
+        Ok(runtime) => Ok(runtime.handle()),
+        Err(reason) => Err(LockError::Runtime {
+            reason: format!("could not start the lock runtime: {reason}"),
+        }),
+    }
+}
+
+/// Runs `work` on `runtime` for an async caller. `work` gets a token that is cancelled when the
+/// caller stops waiting (its future dropped); it then still runs to its end on `runtime`.
+pub(crate) async fn run<T, F>(
+    runtime: &Handle,
+    work: impl FnOnce(CancellationToken) -> F,
+) -> Result<T, LockError>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let gone = CancellationToken::new();
+    let work = work(gone.clone());
+    if on(runtime) {
+        return Ok(InPlace {
+            work: Some(Box::pin(work)),
+            runtime: runtime.clone(),
+            gone,
+        }
+        .await);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    runtime.spawn(async move {
+        // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
+        let _ = tx.send(work.await);
+    });
+    let _cancel_on_drop = gone.drop_guard();
+    rx.await.map_err(|_| stopped())
+}
+
+/// Runs `work` on `runtime` for a sync caller, blocking this thread until it answers. On one of
+/// `runtime`'s own worker threads the wait goes through `block_in_place`, so the runtime keeps
+/// running the task that answers.
+pub(crate) fn run_blocking<T, F>(runtime: &Handle, work: F) -> Result<T, LockError>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(work.await);
+    });
+    let answer =
+        if on(runtime) && runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| rx.recv())
+        } else {
+            rx.recv()
+        };
+    answer.map_err(|_| stopped())
+}
+
+/// Whether the caller runs on `runtime`.
+fn on(runtime: &Handle) -> bool {
+    Handle::try_current().is_ok_and(|current| current.id() == runtime.id())
+}
+
+fn stopped() -> LockError {
+    LockError::Runtime {
+        reason: "the lock runtime stopped before answering".to_owned(),
+    }
+}
+
+/// Runs `work` in place; if dropped before it finishes, `gone` is cancelled and the rest runs as
+/// a task on `runtime`, so a request already sent is never cut off halfway.
+struct InPlace<F: Future<Output: Send> + Send + 'static> {
+    work: Option<Pin<Box<F>>>,
+    runtime: Handle,
+    gone: CancellationToken,
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Pending;
+        };
+        let out = ready!(work.as_mut().poll(cx));
+        self.work = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Drop for InPlace<F> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            self.gone.cancel();
+            self.runtime.spawn(async move {
+                drop(work.await);
+            });
+        }
+    }
+}

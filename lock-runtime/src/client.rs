@@ -1,0 +1,49 @@
+use std::fmt;
+use std::sync::Arc;
+
+use crate::bridge;
+use crate::config::LockConfig;
+use crate::engine::Engine;
+use crate::error::LockError;
+use crate::lock::Lock;
+
+/// A handle to a configured lock backend. Cheap to clone; all clones share connections and the
+/// renewal driver.
+///
+/// Most code uses the global client through [`init`](crate::init), [`Lock::new`] and the
+/// attribute; a `LockClient` is for programs that need several backends, or tests.
+#[derive(Clone)]
+pub struct LockClient {
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.engine.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockClient {
+    /// Validates `config` and builds a client. Connections are made lazily, on first use, so this
+    /// neither blocks nor fails when Redis is down; lock calls then report `Unavailable`.
+    pub fn new(config: LockConfig) -> Result<LockClient, LockError> {
+        Ok(LockClient {
+            engine: Engine::new(config)?,
+        })
+    }
+
+    /// A lock on `key` through this client (instead of the global one).
+    pub fn lock(&self, key: impl Into<String>) -> Lock {
+        Lock::on(Arc::clone(&self.engine), key.into())
+    }
+
+    /// What [`shutdown`](crate::shutdown) does, for this client: releases every lock it still
+    /// holds (their holders see them lost), refuses new ones, and waits up to one request timeout
+    /// (connect plus response timeout) for the releases still running. Blocks this thread.
+    pub fn shutdown(&self) {
+        let engine = Arc::clone(&self.engine);
+        let _ = bridge::run_blocking(&self.engine.runtime.clone(), engine.shutdown());
+    }
+}

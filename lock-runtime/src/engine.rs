@@ -1,0 +1,226 @@
+//! The engine behind a client: its backend, renewal driver, wake registry, the locks it holds,
+//! and the background work (releases) still running. Every lock operation goes through here,
+//! on the runtime that hosts the client.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::acquire::{self, NotifyOrBackoff, Request};
+use crate::backend::{Backend, MemoryNode, Node, Quorum, RedisNode, Token};
+use crate::config::{LockConfig, Settings, ValidBackend};
+use crate::error::LockError;
+use crate::hold::{self, Hold};
+use crate::renew::Renewer;
+use crate::wait::WakeRegistry;
+use crate::{bridge, events};
+
+pub(crate) struct Engine {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) settings: Settings,
+    fencing: bool,
+    pub(crate) runtime: Handle,
+    renewer: Renewer,
+    wakers: Arc<WakeRegistry>,
+    /// Every lock granted and not yet let go, for `shutdown`.
+    held: Mutex<HashMap<u64, Arc<Hold>>>,
+    /// Releases and cleanups running in the background.
+    background: TaskTracker,
+    shut_down: AtomicBool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.backend)
+            .field("fencing", &self.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Validates `config` and builds the engine. Connections are made lazily, on first use.
+    pub(crate) fn new(config: LockConfig) -> Result<Arc<Engine>, LockError> {
+        let valid = config.validate()?;
+        let runtime = match valid.runtime {
+            Some(runtime) => runtime,
+            None => bridge::library_runtime()?.clone(),
+        };
+        // The connection managers and the renewal driver spawn onto the current runtime: this one.
+        let _entered = runtime.enter();
+        let settings = valid.settings;
+        let wakers = Arc::new(WakeRegistry::default());
+        let redis = |addr, field| -> Result<Arc<dyn Node>, LockError> {
+            Ok(Arc::new(RedisNode::new(
+                addr,
+                field,
+                &settings,
+                Arc::clone(&wakers),
+            )?))
+        };
+        let backend = match &valid.backend {
+            ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
+            ValidBackend::Redlock(addrs) if addrs.len() == 1 => {
+                Backend::One(redis(&addrs[0], "urls")?)
+            }
+            ValidBackend::Redlock(addrs) => Backend::Quorum(Quorum::new(
+                addrs
+                    .iter()
+                    .map(|addr| redis(addr, "urls"))
+                    .collect::<Result<_, _>>()?,
+            )),
+            ValidBackend::InMemory => Backend::One(Arc::new(MemoryNode::new(Arc::clone(&wakers)))),
+        };
+        let backend = Arc::new(backend);
+        let renewer = Renewer::start(Arc::clone(&backend), settings.clone());
+        Ok(Arc::new(Engine {
+            backend,
+            settings,
+            fencing: valid.fencing,
+            runtime,
+            renewer,
+            wakers,
+            held: Mutex::new(HashMap::new()),
+            background: TaskTracker::new(),
+            shut_down: AtomicBool::new(false),
+        }))
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Hold>>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Checks a lock's arguments against the config: the same rule for every call.
+    pub(crate) fn request(
+        &self,
+        name: String,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+    ) -> Result<Request, LockError> {
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(LockError::Runtime {
+                reason: "lock_runtime::shutdown was called".to_owned(),
+            });
+        }
+        if name.is_empty() {
+            return Err(LockError::config("key", "must not be empty"));
+        }
+        let ttl = ttl.unwrap_or(self.settings.default_ttl);
+        crate::config::check_ttl("ttl", ttl)?;
+        let wait = wait.unwrap_or(self.settings.default_wait);
+        Ok(Request {
+            name: name.into(),
+            ttl,
+            give_up: Instant::now().checked_add(wait),
+            fencing: self.fencing,
+        })
+    }
+
+    /// Acquires on the hosting runtime. When `caller_gone` is cancelled, waiting stops; a grant
+    /// that nobody takes any more is released by the caller's side (the guard's drop).
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        req: Request,
+        caller_gone: CancellationToken,
+    ) -> Result<Arc<Hold>, LockError> {
+        let mut strategy =
+            NotifyOrBackoff::new(&self.backend, &self.wakers, &req.name, &self.settings);
+        let ended = acquire::acquire(
+            &self.backend,
+            &self.settings,
+            &req,
+            &mut strategy,
+            &caller_gone,
+        )
+        .await;
+        drop(strategy);
+        if let Some(token) = ended.unsure {
+            self.cleanup(Arc::clone(&req.name), token);
+        }
+        let granted = ended.result?;
+        let hold = Arc::new(Hold::new(
+            req.name,
+            granted.token,
+            req.ttl,
+            granted.fence,
+            granted.valid_until,
+        ));
+        self.held().insert(hold.id, Arc::clone(&hold));
+        self.renewer.register(Arc::clone(&hold));
+        if self.shut_down.load(Ordering::Acquire) {
+            // Shut down while this was in flight: give it back at once.
+            self.release_in_background(&hold);
+            return Err(LockError::Runtime {
+                reason: "lock_runtime::shutdown was called".to_owned(),
+            });
+        }
+        Ok(hold)
+    }
+
+    /// Releases `hold` and decides the outcome (see `hold::release`).
+    pub(crate) async fn release(&self, hold: &Hold) -> Result<(), LockError> {
+        self.held().remove(&hold.id);
+        hold::release(hold, &self.backend).await
+    }
+
+    /// Releases `hold` from a guard's drop: never blocks; `shutdown` waits for it.
+    pub(crate) fn release_in_background(self: &Arc<Self>, hold: &Arc<Hold>) {
+        let engine = Arc::clone(self);
+        let hold = Arc::clone(hold);
+        self.background.spawn_on(
+            async move {
+                if let Err(err) = engine.release(&hold).await {
+                    events::release_failed(&hold.name, &err);
+                }
+            },
+            &self.runtime,
+        );
+    }
+
+    /// Best-effort release of a token whose acquisition may have succeeded unseen.
+    fn cleanup(&self, name: Arc<str>, token: Token) {
+        let backend = Arc::clone(&self.backend);
+        self.background.spawn_on(
+            async move {
+                if let Err(causes) = backend.release(&name, &token, false).await {
+                    events::cleanup_failed(&name, &causes);
+                }
+            },
+            &self.runtime,
+        );
+    }
+
+    /// Releases every lock still held (their holders see them lost), refuses new ones, and waits
+    /// up to one request timeout for the releases still running.
+    pub(crate) async fn shutdown(self: Arc<Self>) {
+        self.shut_down.store(true, Ordering::Release);
+        let held: Vec<Arc<Hold>> = self.held().drain().map(|(_, hold)| hold).collect();
+        for hold in held {
+            hold.declare_lost("lock_runtime::shutdown released it");
+            let backend = Arc::clone(&self.backend);
+            self.background.spawn_on(
+                async move {
+                    // Lost by definition now: only a failure to reach the servers is news.
+                    if let Err(err @ LockError::Unavailable { .. }) =
+                        hold::release(&hold, &backend).await
+                    {
+                        events::release_failed(&hold.name, &err);
+                    }
+                },
+                &self.runtime,
+            );
+        }
+        self.background.close();
+        let bound = self
+            .settings
+            .connect_timeout
+            .saturating_add(self.settings.response_timeout);
+        let _ = tokio::time::timeout(bound, self.background.wait()).await;
+        self.background.reopen();
+    }
+}

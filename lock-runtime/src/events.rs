@@ -1,0 +1,65 @@
+//! What happened to an acquisition, as tracing events. `hold.rs` and `acquire.rs` decide the
+//! outcomes; this file only reports them. Lock tokens and passwords never appear here.
+//!
+//! Levels: `warn` for what needs a person (a lock lost while held, a release that failed after a
+//! loss), `debug` for the normal life of a lock, so `info` stays quiet in normal operation.
+
+use std::time::Duration;
+
+use crate::error::{LockError, NodeFailure};
+
+pub(crate) fn acquired(name: &str, waited: Duration, attempts: u32, fence: Option<u64>) {
+    tracing::debug!(
+        key = name,
+        ?waited,
+        attempts,
+        fencing_token = fence,
+        "lock acquired"
+    );
+}
+
+pub(crate) fn not_acquired(err: &LockError, attempts: u32) {
+    match err {
+        LockError::Contended { key, waited } => {
+            tracing::debug!(key = %key, ?waited, attempts, "lock contended");
+        }
+        LockError::Unavailable { key, causes } => {
+            tracing::debug!(key = %key, attempts, causes = %Causes(causes), "lock servers unavailable");
+        }
+        other => tracing::debug!(err = %other, "lock not acquired"),
+    }
+}
+
+pub(crate) fn renewal_failed(name: &str, cause: &NodeFailure) {
+    tracing::debug!(key = name, %cause, "renewal failed; retrying before the validity deadline");
+}
+
+pub(crate) fn lost(name: &str, why: &str) {
+    tracing::warn!(key = name, why, "lock lost while held");
+}
+
+pub(crate) fn released(name: &str, held_for: Duration) {
+    tracing::debug!(key = name, ?held_for, "lock released");
+}
+
+pub(crate) fn release_failed(name: &str, err: &LockError) {
+    tracing::warn!(key = name, %err, "release failed; the lock expires by its ttl");
+}
+
+pub(crate) fn cleanup_failed(name: &str, causes: &[NodeFailure]) {
+    tracing::debug!(key = name, causes = %Causes(causes), "cleanup release failed; the key expires by its ttl");
+}
+
+struct Causes<'a>(&'a [NodeFailure]);
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, cause) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{cause}")?;
+        }
+        Ok(())
+    }
+}
