@@ -4,12 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use lock_runtime::__private::redis_keys;
 use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
-use lock_tests::{BusyScript, FaultProxy, LoadingServer, RedisCluster, RedisServer, unique_key};
+use lock_tests::{
+    BusyScript, FaultProxy, LoadingServer, RedisCluster, RedisServer, await_waiter, bounded,
+    eventually, key_exists, lock_key, unique_key,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -19,54 +21,8 @@ fn client(config: LockConfig) -> LockClient {
     LockClient::new(config).expect("valid lock config")
 }
 
-fn lock_key(name: &str) -> String {
-    redis_keys("lock:", name)[0].clone()
-}
-
 fn fence_key(name: &str) -> String {
     redis_keys("lock:", name)[1].clone()
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query::<bool>(&mut server.admin())
-        .unwrap()
-}
-
-async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
-}
-
-/// Polls `cond` every 5ms until it holds (true) or `within` passed (false).
-async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(ms(5)).await;
-    }
-}
-
-/// Waits (bounded) until someone subscribed to the release channel of `name`, i.e. waits for it.
-async fn await_waiter(server: &RedisServer, name: &str) {
-    let channel = redis_keys("lock:", name)[2].clone();
-    let subscribed = eventually(Duration::from_secs(5), || {
-        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut server.admin())
-            .unwrap();
-        subs.first().is_some_and(|(_, n)| *n > 0)
-    })
-    .await;
-    assert!(subscribed, "the waiter never subscribed");
 }
 
 fn config_field(err: &LockError) -> Option<&'static str> {
@@ -382,15 +338,15 @@ async fn braced_and_plain_names_are_independent_locks() {
         .await
         .expect("{x} is not the same lock as x");
     assert_ne!(lock_key(&base), lock_key(&braced));
-    assert!(exists(&server, &lock_key(&base)) && exists(&server, &lock_key(&braced)));
+    assert!(key_exists(&server, &lock_key(&base)) && key_exists(&server, &lock_key(&braced)));
     a.release().await.unwrap();
     assert!(
-        exists(&server, &lock_key(&braced)),
+        key_exists(&server, &lock_key(&braced)),
         "releasing x released {{x}}"
     );
     b.release().await.unwrap();
     for name in [&base, &braced] {
-        assert!(!exists(&server, &lock_key(name)), "{name} left behind");
+        assert!(!key_exists(&server, &lock_key(name)), "{name} left behind");
     }
 }
 
@@ -411,7 +367,7 @@ async fn a_name_shaped_like_a_fence_key_leaves_nothing_behind() {
     second.release().await.unwrap();
     for name in [&fence_shaped, &y] {
         assert!(
-            !exists(&server, &lock_key(name)),
+            !key_exists(&server, &lock_key(name)),
             "lock key of {name} left behind"
         );
     }
@@ -514,23 +470,21 @@ async fn a_huge_retry_delay_is_a_config_error_or_works() {
 async fn huge_timeouts_are_config_errors_or_work() {
     let server = RedisServer::start();
     let url = server.url();
-    let cases: [(&str, Box<dyn Fn() -> LockConfig>); 2] = [
+    let cases = [
         (
             "connect_timeout",
-            Box::new(|| LockConfig::single(url.as_str()).connect_timeout(Duration::MAX)),
+            LockConfig::single(url.as_str()).connect_timeout(Duration::MAX),
         ),
         (
             "response_timeout",
-            Box::new(|| {
-                LockConfig::single(url.as_str())
-                    .default_ttl(Duration::MAX)
-                    .response_timeout(Duration::MAX - Duration::from_secs(1))
-            }),
+            LockConfig::single(url.as_str())
+                .default_ttl(Duration::MAX)
+                .response_timeout(Duration::MAX - Duration::from_secs(1)),
         ),
     ];
     for (field, config) in cases {
         let made =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| LockClient::new(config())));
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| LockClient::new(config)));
         let Ok(made) = made else {
             panic!("LockClient::new panicked with a huge {field}");
         };
@@ -713,7 +667,10 @@ async fn a_same_token_retry_after_the_counter_is_gone_still_has_a_token() {
                 .await
         })
     };
-    let landed = eventually(Duration::from_secs(5), || exists(&server, &lock_key(&key))).await;
+    let landed = eventually(Duration::from_secs(5), || {
+        key_exists(&server, &lock_key(&key))
+    })
+    .await;
     assert!(landed, "the first attempt never reached the server");
     let _: i64 = redis::cmd("DEL")
         .arg(fence_key(&key))
@@ -770,7 +727,7 @@ async fn fencing_tokens_grow_when_allkeys_lru_evicts_the_counter() {
         guard.release().await.unwrap();
         // Junk until the counter is evicted (bounded).
         for _ in 0..200 {
-            if !exists(&server, &fence_key(&key)) {
+            if !key_exists(&server, &fence_key(&key)) {
                 evictions += 1;
                 break;
             }
@@ -842,8 +799,11 @@ async fn a_stale_acquire_after_a_reconnect_leaves_no_orphan() {
     tokio::time::sleep(ms(500)).await;
     server.thaw();
     let thawed = Instant::now();
-    let appeared = eventually(ms(300), || exists(&server, &lock_key(&key))).await;
-    let gone = eventually(Duration::from_secs(3), || !exists(&server, &lock_key(&key))).await;
+    let appeared = eventually(ms(300), || key_exists(&server, &lock_key(&key))).await;
+    let gone = eventually(Duration::from_secs(3), || {
+        !key_exists(&server, &lock_key(&key))
+    })
+    .await;
     eprintln!(
         "after the thaw: stale grant {} the key; gone within 3s: {gone} ({:?})",
         if appeared {

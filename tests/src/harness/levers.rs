@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread::{self, JoinHandle};
@@ -200,4 +201,57 @@ impl Drop for LoadingServer {
             let _ = poll_until(LEVER_TIMEOUT, POLL, || child.try_wait().ok().flatten());
         }
     }
+}
+
+/// The Redis key of lock `name` under the default prefix `lock:`.
+pub fn lock_key(name: &str) -> String {
+    lock_runtime::__private::redis_keys("lock:", name)[0].clone()
+}
+
+/// `EXISTS key` as admin.
+pub fn key_exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<bool>(&mut server.admin())
+        .unwrap()
+}
+
+/// Polls `cond` every 5ms until it holds (true) or `within` passed (false).
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `fut`'s output; panics when it takes longer than `limit`.
+pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+/// Waits (bounded) until someone subscribed to the release channel of lock `name` (default
+/// prefix), i.e. waits for it.
+pub async fn await_waiter(server: &RedisServer, name: &str) {
+    let channel = lock_runtime::__private::redis_keys("lock:", name)[2].clone();
+    let waiting = eventually(LEVER_TIMEOUT, || {
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.admin())
+            .unwrap();
+        subs.first().is_some_and(|(_, n)| *n > 0)
+    })
+    .await;
+    assert!(
+        waiting,
+        "nobody subscribed to the release channel of {name}"
+    );
 }
