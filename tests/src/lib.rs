@@ -21,6 +21,10 @@
 
 mod harness;
 
+pub use harness::levers::{
+    BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, lock_key,
+    ping_error_code,
+};
 pub use harness::proxy::FaultProxy;
 pub use harness::server::{RedisCluster, RedisServer, ServerOptions};
 pub use harness::util::{free_port, unique_key};

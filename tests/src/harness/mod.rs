@@ -1,5 +1,6 @@
 //! Processes and sockets the integration tests run against.
 
+pub(crate) mod levers;
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod util;

@@ -1,0 +1,257 @@
+//! Server-side fault levers beyond stop/freeze: a script that keeps Redis `BUSY`, and a server
+//! that answers `LOADING` while it loads a large dataset slowly.
+
+// A harness failure should stop the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::server::RedisServer;
+use super::util::{free_port, poll_until};
+
+const LEVER_TIMEOUT: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(2);
+
+/// The error code a one-off `PING` gets from `port` (`None`: it answered `PONG`, or not at all).
+pub fn ping_error_code(port: u16) -> Option<String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(250))
+        .ok()?;
+    con.set_read_timeout(Some(Duration::from_millis(250)))
+        .ok()?;
+    match redis::cmd("PING").query::<String>(&mut con) {
+        Ok(_) => None,
+        Err(e) => e.code().map(str::to_owned),
+    }
+}
+
+/// A Lua script spinning on `server` for a while: once it has run longer than
+/// `busy-reply-threshold` (set to 20ms here) every other client gets `-BUSY`.
+#[derive(Debug)]
+pub struct BusyScript {
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BusyScript {
+    /// Starts the script from its own connection and returns once the server answers `BUSY`.
+    pub fn start(server: &RedisServer, busy_for: Duration) -> BusyScript {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("busy-reply-threshold")
+            .arg(20)
+            .query(&mut server.admin())
+            .unwrap();
+        let url = server.url();
+        let micros = busy_for.as_micros().to_string();
+        let thread = thread::spawn(move || {
+            let client = redis::Client::open(url).unwrap();
+            let mut con = client.get_connection().unwrap();
+            con.set_read_timeout(Some(busy_for + LEVER_TIMEOUT))
+                .unwrap();
+            let _: i64 = redis::cmd("EVAL")
+                .arg(
+                    "local t0 = redis.call('TIME') \
+                     while true do \
+                       local t = redis.call('TIME') \
+                       if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) then break end \
+                     end \
+                     return 1",
+                )
+                .arg(0)
+                .arg(micros)
+                .query(&mut con)
+                .unwrap();
+        });
+        let port = server.port();
+        poll_until(LEVER_TIMEOUT, POLL, || {
+            (ping_error_code(port).as_deref() == Some("BUSY")).then_some(())
+        })
+        .expect("the busy script never made the server answer BUSY");
+        BusyScript {
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until the script has ended by itself.
+    pub fn join(mut self) {
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("busy script thread");
+        }
+    }
+}
+
+impl Drop for BusyScript {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A `redis-server` that starts from a large RDB file and loads it slowly (`key-load-delay`), so
+/// that it answers `-LOADING` for a while. The port is known before the process starts, so a client
+/// can be pointed at it first.
+#[derive(Debug)]
+pub struct LoadingServer {
+    dir: TempDir,
+    port: u16,
+    key_load_delay_us: u32,
+    child: Option<Child>,
+}
+
+impl LoadingServer {
+    /// Writes an RDB with `keys` keys of 100 bytes (made by a throwaway server); nothing runs yet.
+    pub fn prepare(keys: u32, key_load_delay_us: u32) -> LoadingServer {
+        let dir = tempfile::Builder::new()
+            .prefix("lock-tests-loading-")
+            .tempdir()
+            .expect("temporary directory");
+        let maker = RedisServer::start();
+        let mut admin = maker.admin();
+        let _: i64 = redis::cmd("EVAL")
+            .arg(
+                "for i = 1, tonumber(ARGV[1]) do \
+                   redis.call('SET', 'junk:' .. i, string.rep('x', 100)) \
+                 end return 1",
+            )
+            .arg(0)
+            .arg(keys)
+            .query(&mut admin)
+            .unwrap();
+        let () = redis::cmd("SAVE").query(&mut admin).unwrap();
+        let (_, from): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("dir")
+            .query(&mut admin)
+            .unwrap();
+        fs::copy(
+            PathBuf::from(from).join("dump.rdb"),
+            dir.path().join("dump.rdb"),
+        )
+        .expect("copy the RDB file");
+        drop(maker);
+        LoadingServer {
+            dir,
+            port: free_port(),
+            key_load_delay_us,
+            child: None,
+        }
+    }
+
+    /// The port the server will listen on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts the server and returns once it answers `LOADING` (panics if it never does).
+    pub fn start_loading(&mut self) {
+        let child = Command::new(
+            std::env::var_os("LOCK_TESTS_REDIS_SERVER").unwrap_or_else(|| "redis-server".into()),
+        )
+        .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .args(["--key-load-delay", &self.key_load_delay_us.to_string()])
+        .args(["--loading-process-events-interval-bytes", "1024"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redis-server");
+        self.child = Some(child);
+        let port = self.port;
+        poll_until(LEVER_TIMEOUT, POLL, || {
+            (ping_error_code(port).as_deref() == Some("LOADING")).then_some(())
+        })
+        .expect("the server never answered LOADING");
+    }
+
+    /// Waits (bounded by `timeout`) until the server answers `PONG`.
+    pub fn wait_loaded(&self, timeout: Duration) -> bool {
+        let port = self.port;
+        poll_until(timeout, Duration::from_millis(10), || {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+            let mut con = client
+                .get_connection_with_timeout(Duration::from_millis(250))
+                .ok()?;
+            redis::cmd("PING").query::<String>(&mut con).ok().map(drop)
+        })
+        .is_some()
+    }
+}
+
+impl Drop for LoadingServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = poll_until(LEVER_TIMEOUT, POLL, || child.try_wait().ok().flatten());
+        }
+    }
+}
+
+/// The Redis key of lock `name` under the default prefix `lock:`.
+pub fn lock_key(name: &str) -> String {
+    lock_runtime::__private::redis_keys("lock:", name)[0].clone()
+}
+
+/// `EXISTS key` as admin.
+pub fn key_exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<bool>(&mut server.admin())
+        .unwrap()
+}
+
+/// Polls `cond` every 5ms until it holds (true) or `within` passed (false).
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `fut`'s output; panics when it takes longer than `limit`.
+pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+/// Waits (bounded) until someone subscribed to the release channel of lock `name` (default
+/// prefix), i.e. waits for it.
+pub async fn await_waiter(server: &RedisServer, name: &str) {
+    let channel = lock_runtime::__private::redis_keys("lock:", name)[2].clone();
+    let waiting = eventually(LEVER_TIMEOUT, || {
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.admin())
+            .unwrap();
+        subs.first().is_some_and(|(_, n)| *n > 0)
+    })
+    .await;
+    assert!(
+        waiting,
+        "nobody subscribed to the release channel of {name}"
+    );
+}
