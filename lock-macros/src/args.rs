@@ -2,7 +2,7 @@
 //! `crate = "path"`. Each is checked on its own here; checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
-use crate::validate::Errors;
+use crate::errors::Errors;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use std::time::Duration;
 use syn::meta::ParseNestedMeta;

@@ -3,9 +3,11 @@
 //!
 //! Pipeline: `args` (the attribute's arguments) -> `validate` (the function, and the arguments
 //! against it, with `key` and `duration` for the two small languages) -> `expand` (infallible).
+//! `errors` collects what `args` and `validate` find, so one compilation reports every mistake.
 
 mod args;
 mod duration;
+mod errors;
 mod expand;
 mod key;
 mod validate;

@@ -2,6 +2,7 @@
 //! from which `expand` generates code without ever failing.
 
 use crate::args::{self, Args};
+use crate::errors::Errors;
 use crate::key::{self, Part, Scope};
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
@@ -12,23 +13,6 @@ use syn::{
     Attribute, FnArg, Ident, LitStr, Pat, PatIdent, ReturnType, Signature, Token, Type, Visibility,
     braced, token,
 };
-
-/// Collects independent errors so one compilation reports all of them (serde's `Ctxt`, in small).
-#[derive(Debug, Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn ok<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|err| self.push(err)).ok()
-    }
-}
 
 /// A function with its body kept as tokens: the body is the user's code, and it only has to be
 /// syntactically a block, not something this crate understands.
@@ -120,7 +104,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         krate,
     } = args::parse(attr, &mut errors);
     let Some(func) = errors.ok(syn::parse2::<Func>(item)) else {
-        return Err(into_error(errors));
+        return Err(errors.into_error());
     };
     let Func {
         attrs,
@@ -165,8 +149,8 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         Some(path) => quote!(#path::__private),
         None => quote!(::lock_runtime::__private),
     };
-    match (errors.0, key, body) {
-        (None, Some(key), Some(body)) => Ok(Locked {
+    match (key, body) {
+        (Some(key), Some(body)) if errors.is_empty() => Ok(Locked {
             attrs,
             vis,
             sig,
@@ -178,15 +162,8 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             mutable,
             private,
         }),
-        (errors, ..) => Err(into_error(Errors(errors))),
+        _ => Err(errors.into_error()),
     }
-}
-
-/// Every `None` on the way here reported its error; the fallback message only guards that invariant.
-fn into_error(errors: Errors) -> syn::Error {
-    errors
-        .0
-        .unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid #[distributed_lock] usage"))
 }
 
 /// The function-level rules: something must be able to run at run time and return the lock's errors.
