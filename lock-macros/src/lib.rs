@@ -6,6 +6,7 @@
 //! `errors` collects what `args` and `validate` find, so one compilation reports every mistake.
 
 mod args;
+mod boxed;
 mod duration;
 mod errors;
 mod expand;

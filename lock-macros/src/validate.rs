@@ -2,6 +2,7 @@
 //! from which `expand` generates code without ever failing.
 
 use crate::args::{self, Args};
+use crate::boxed::{self, Boxed};
 use crate::errors::Errors;
 use crate::key::{self, Part, Scope};
 use proc_macro2::{Span, TokenStream};
@@ -74,6 +75,12 @@ pub(crate) struct Locked {
     pub(crate) vis: Visibility,
     pub(crate) sig: Signature,
     pub(crate) body: Body,
+    /// The result type the body produces: the declared return type, or `R` of an
+    /// `#[async_trait]` method's `Pin<Box<dyn Future<Output = R>>>`.
+    pub(crate) output: ReturnType,
+    /// An `#[async_trait]` method: the lock goes inside its `Box::pin(async move { .. })`, and
+    /// `body` is the fn's body around it.
+    pub(crate) boxed: Option<Boxed>,
     pub(crate) key: Key,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
@@ -113,7 +120,17 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         body,
     } = func;
 
-    check_signature(&sig, body.is_some(), &mut errors);
+    let (output, boxed) = match boxed::future_output(&sig) {
+        Some(ty) => {
+            let output = ReturnType::Type(Default::default(), Box::new(ty.clone()));
+            let boxed = body
+                .as_ref()
+                .and_then(|body| errors.ok(boxed::split(&sig, &body.stmts)));
+            (output, boxed)
+        }
+        None => (sig.output.clone(), None),
+    };
+    check_signature(&sig, &output, body.is_some(), &mut errors);
     let scope = scope(&sig);
     let mutable = mutable_bindings(&sig);
     let key = key.and_then(|lit| match key::parse(&lit.value(), &scope) {
@@ -155,6 +172,8 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             vis,
             sig,
             body,
+            output,
+            boxed,
             key,
             ttl,
             wait,
@@ -167,7 +186,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
 }
 
 /// The function-level rules: something must be able to run at run time and return the lock's errors.
-fn check_signature(sig: &Signature, has_body: bool, errors: &mut Errors) {
+fn check_signature(sig: &Signature, output: &ReturnType, has_body: bool, errors: &mut Errors) {
     let name = &sig.ident;
     if let Some(constness) = &sig.constness {
         errors.push(syn::Error::new(
@@ -197,7 +216,7 @@ fn check_signature(sig: &Signature, has_body: bool, errors: &mut Errors) {
             ),
         ));
     }
-    let unit = match &sig.output {
+    let unit = match output {
         ReturnType::Default => Some(name.span()),
         ReturnType::Type(_, ty) => match &**ty {
             Type::Tuple(tuple) if tuple.elems.is_empty() => Some(tuple.paren_token.span.join()),
