@@ -2,7 +2,7 @@
 //! `crate = "path"`. Each is checked on its own here; checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
-use crate::validate::Errors;
+use crate::errors::Errors;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use std::time::Duration;
 use syn::meta::ParseNestedMeta;
@@ -138,11 +138,7 @@ fn string(input: ParseStream<'_>, name: &str, example: &str) -> Result<LitStr> {
 }
 
 fn duration(input: ParseStream<'_>, kind: Kind) -> Result<Duration> {
-    let (name, example) = match kind {
-        Kind::Ttl => ("ttl", "\"10s\""),
-        Kind::Wait => ("wait", "\"5s\""),
-    };
-    let lit = string(input, name, example)?;
+    let lit = string(input, kind.name(), kind.example())?;
     duration::parse(&lit.value(), kind).map_err(|message| syn::Error::new(lit.span(), message))
 }
 

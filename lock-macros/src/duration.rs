@@ -6,18 +6,27 @@ use std::time::Duration;
 /// Which argument a duration belongs to; they differ only in what "too short" means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// How long the lock lives without renewal. Zero would protect nothing, and Redis expires keys in
-    /// whole milliseconds, so anything under 1ms is rejected.
+    /// How long the lock lives without renewal, within the bounds of [`lock_rules::check_ttl`], the
+    /// rule the runtime applies too.
     Ttl,
     /// How long to wait for a contended lock. Zero means "try once".
     Wait,
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// The argument's name.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Ttl => "ttl",
             Kind::Wait => "wait",
+        }
+    }
+
+    /// A typical value, as written in the attribute, for "write e.g." hints.
+    pub(crate) fn example(self) -> &'static str {
+        match self {
+            Kind::Ttl => "\"10s\"",
+            Kind::Wait => "\"5s\"",
         }
     }
 }
@@ -31,19 +40,13 @@ pub(crate) fn parse(text: &str, kind: Kind) -> Result<Duration, String> {
         )
     })?;
     if kind == Kind::Ttl {
-        if duration.is_zero() {
-            return Err(
-                "`ttl` can't be zero: the lock would expire as soon as it is taken; write \
-                        e.g. `ttl = \"10s\"`, or leave `ttl` out to use the configured default"
-                    .to_owned(),
-            );
-        }
-        if duration < Duration::from_millis(1) {
-            return Err(format!(
-                "`ttl` {text:?} is shorter than 1ms, the smallest expiry Redis supports; write e.g. \
-                 `ttl = \"500ms\"`"
-            ));
-        }
+        lock_rules::check_ttl(duration).map_err(|err| {
+            format!(
+                "`{name}` {err}; write e.g. `{name} = {example}`, or leave `{name}` out to use the \
+                 configured default",
+                example = kind.example()
+            )
+        })?;
     }
     Ok(duration)
 }
@@ -74,14 +77,41 @@ mod tests {
         assert_eq!(parse("0s", Kind::Wait), Ok(Duration::ZERO));
         assert_eq!(parse("0ms", Kind::Wait), Ok(Duration::ZERO));
         let err = error("0s", Kind::Ttl);
-        assert!(err.starts_with("`ttl` can't be zero"), "{err}");
+        assert_eq!(
+            err,
+            "`ttl` can't be zero: the lock would expire as soon as it is taken; write e.g. \
+             `ttl = \"10s\"`, or leave `ttl` out to use the configured default"
+        );
     }
 
     #[test]
-    fn sub_millisecond_ttl_is_rejected() {
+    fn ttl_outside_the_shared_bounds_is_rejected() {
         let err = error("500us", Kind::Ttl);
-        assert!(err.contains("shorter than 1ms"), "{err}");
-        assert_eq!(parse("1ms", Kind::Ttl), Ok(Duration::from_millis(1)));
+        assert!(err.starts_with("`ttl` must be at least 10ms"), "{err}");
+        let err = error("1ms", Kind::Ttl);
+        assert!(err.starts_with("`ttl` must be at least 10ms"), "{err}");
+        assert_eq!(parse("10ms", Kind::Ttl), Ok(Duration::from_millis(10)));
+        let err = error("400d", Kind::Ttl);
+        assert!(err.starts_with("`ttl` must be at most 365 days"), "{err}");
+        assert!(
+            err.ends_with(
+                "write e.g. `ttl = \"10s\"`, or leave `ttl` out to use the configured default"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            parse("365d", Kind::Ttl),
+            Ok(Duration::from_secs(365 * 24 * 3600))
+        );
+    }
+
+    #[test]
+    fn wait_has_no_ttl_bounds() {
+        assert_eq!(parse("1ms", Kind::Wait), Ok(Duration::from_millis(1)));
+        assert_eq!(
+            parse("400d", Kind::Wait),
+            Ok(Duration::from_secs(400 * 24 * 3600))
+        );
     }
 
     #[test]

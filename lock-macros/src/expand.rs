@@ -1,6 +1,7 @@
 //! Code generation. Nothing here can fail: `validate` has checked everything. `P` in the sketches is
 //! the runtime's `__private` module (`::lock_runtime::__private`, or `<crate = "path">::__private`).
 
+use crate::boxed::Boxed;
 use crate::key::{Part, Root};
 use crate::validate::{Key, Locked};
 use proc_macro2::{Literal, Span, TokenStream};
@@ -8,22 +9,29 @@ use quote::{ToTokens as _, TokenStreamExt as _, format_ident, quote, quote_spann
 use std::time::Duration;
 use syn::spanned::Spanned as _;
 use syn::visit_mut::VisitMut;
-use syn::{Member, ReturnType, Signature, Type, TypeInfer};
+use syn::{Expr, Member, ReturnType, Stmt, Type, TypeInfer};
 
 /// Input:  `#[distributed_lock(..)] ATTRS VIS [async] fn f(ARGS) -> R { #![INNER] BODY }`
 /// Output: `ATTRS VIS [async] fn f(ARGS) -> R { #![INNER] <locked body> }`
 ///
 /// Only the body changes, and the user's code stays inside it: no sibling function, so `self`,
 /// generics and `impl Trait` arguments work as written.
+///
+/// An `#[async_trait]` method, `fn f(ARGS) -> Pin<Box<dyn Future<Output = R> ..>>`, keeps its
+/// shape too: `{ #![INNER] PREFIX Box::pin(async move { <locked body, async, with R> }) }`.
 pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
     let Locked {
         attrs,
         vis,
         sig,
         body,
+        boxed,
         ..
     } = locked;
-    let locked_body = locked_body(locked);
+    let locked_body = match boxed {
+        Some(boxed) => boxed_future(boxed, locked_body(locked)),
+        None => locked_body(locked),
+    };
     let mut out = quote!(#(#attrs)* #vis #sig);
     body.brace.surround(&mut out, |tokens| {
         tokens.append_all(&body.inner_attrs);
@@ -53,18 +61,26 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// have left the fn, so the guard is always finished. The closure is called where it is written
 /// so it works whether it is `FnOnce`, `FnMut` (mutates a `mut` parameter) or `Fn`.
 fn locked_body(locked: &Locked) -> TokenStream {
-    let is_async = locked.sig.asyncness.is_some();
+    let is_async = locked.sig.asyncness.is_some() || locked.boxed.is_some();
     let site = Span::mixed_site();
     let private = &locked.private;
-    let ret = return_span(&locked.sig);
+    let ret = return_span(locked);
     let [key, guard, out, err] = locals(Span::mixed_site());
     let render = render_key(&locked.key, private);
     let ttl = duration(locked.ttl, private);
     let wait = duration(locked.wait, private);
     let bind_guard = bind_guard(locked);
-    let fake_return = fake_return_edge(&locked.sig);
+    let fake_return = fake_return_edge(locked);
     let touch_mutable = touch_mutable(locked);
-    let stmts = &locked.body.stmts;
+    let stmts = match &locked.boxed {
+        Some(boxed) => {
+            let rebinds = &boxed.rebinds;
+            let touch_key = touch_key_params(&locked.key);
+            let stmts = &boxed.stmts;
+            quote!(#rebinds #touch_key #stmts)
+        }
+        None => locked.body.stmts.clone(),
+    };
     let body = quote_spanned!(site=> {
         #touch_mutable
         #fake_return
@@ -129,6 +145,19 @@ fn locals(at: Span) -> [syn::Ident; 4] {
 fn touch_mutable(locked: &Locked) -> TokenStream {
     let mutable = &locked.mutable;
     quote_spanned!(Span::mixed_site()=> #(let _ = &#mutable;)*)
+}
+
+/// Input:  `key = "a:<x>:<y.id>:<self.z>"`
+/// Output: `let _ = &x; let _ = &y;`, after `#[async_trait]`'s `let x = x;`: see [`Boxed::rebinds`].
+fn touch_key_params(key: &Key) -> TokenStream {
+    let params = key.parts.iter().filter_map(|part| match part {
+        Part::Value {
+            root: Root::Param(ident),
+            ..
+        } => Some(ident),
+        _ => None,
+    });
+    quote_spanned!(Span::mixed_site()=> #(let _ = &#params;)*)
 }
 
 /// Input:  `guard = lock`
@@ -228,9 +257,9 @@ fn duration(duration: Option<Duration>, private: &TokenStream) -> TokenStream {
 /// The fake return edge: an unreachable `return` of the declared type, first in the async block or
 /// closure, so its type is known before the body is checked. `?` then knows what to convert into,
 /// and a mismatch in the body is reported against the return type the user wrote.
-fn fake_return_edge(sig: &Signature) -> TokenStream {
-    let span = return_span(sig);
-    let ty = match &sig.output {
+fn fake_return_edge(locked: &Locked) -> TokenStream {
+    let span = return_span(locked);
+    let ty = match &locked.output {
         ReturnType::Type(_, ty) => {
             let mut ty = (**ty).clone();
             ImplTraitEraser.visit_type_mut(&mut ty);
@@ -258,11 +287,25 @@ fn fake_return_edge(sig: &Signature) -> TokenStream {
 }
 
 /// Where errors about the return type belong: the type as written (or the name, if there is none).
-fn return_span(sig: &Signature) -> Span {
-    match &sig.output {
+fn return_span(locked: &Locked) -> Span {
+    match &locked.output {
         ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => sig.ident.span(),
+        ReturnType::Default => locked.sig.ident.span(),
     }
+}
+
+/// Input:  `PREFIX Box::pin(async move { STMTS })` (STMTS are already in `locked`), the locked body
+/// Output: `PREFIX Box::pin(async move { <locked> })`
+fn boxed_future(boxed: &Boxed, locked: TokenStream) -> TokenStream {
+    let Boxed {
+        prefix,
+        pin,
+        future,
+        ..
+    } = boxed;
+    let mut future = future.clone();
+    future.block.stmts = vec![Stmt::Expr(Expr::Verbatim(locked), None)];
+    quote!(#(#prefix)* #pin(#future))
 }
 
 /// `impl Trait` can't be written in a `let`; `_` lets inference fill it in.

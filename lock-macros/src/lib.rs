@@ -3,9 +3,13 @@
 //!
 //! Pipeline: `args` (the attribute's arguments) -> `validate` (the function, and the arguments
 //! against it, with `key` and `duration` for the two small languages) -> `expand` (infallible).
+//! `errors` collects what `args` and `validate` find, so one compilation reports every mistake;
+//! `boxed` recognizes the methods `#[async_trait]` has already rewritten.
 
 mod args;
+mod boxed;
 mod duration;
+mod errors;
 mod expand;
 mod key;
 mod validate;

@@ -2,6 +2,8 @@
 //! from which `expand` generates code without ever failing.
 
 use crate::args::{self, Args};
+use crate::boxed::{self, Boxed};
+use crate::errors::Errors;
 use crate::key::{self, Part, Scope};
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
@@ -12,23 +14,6 @@ use syn::{
     Attribute, FnArg, Ident, LitStr, Pat, PatIdent, ReturnType, Signature, Token, Type, Visibility,
     braced, token,
 };
-
-/// Collects independent errors so one compilation reports all of them (serde's `Ctxt`, in small).
-#[derive(Debug, Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn ok<T>(&mut self, result: syn::Result<T>) -> Option<T> {
-        result.map_err(|err| self.push(err)).ok()
-    }
-}
 
 /// A function with its body kept as tokens: the body is the user's code, and it only has to be
 /// syntactically a block, not something this crate understands.
@@ -90,6 +75,12 @@ pub(crate) struct Locked {
     pub(crate) vis: Visibility,
     pub(crate) sig: Signature,
     pub(crate) body: Body,
+    /// The result type the body produces: the declared return type, or `R` of an
+    /// `#[async_trait]` method's `Pin<Box<dyn Future<Output = R>>>`.
+    pub(crate) output: ReturnType,
+    /// An `#[async_trait]` method: the lock goes inside its `Box::pin(async move { .. })`, and
+    /// `body` is the fn's body around it.
+    pub(crate) boxed: Option<Boxed>,
     pub(crate) key: Key,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
@@ -120,7 +111,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         krate,
     } = args::parse(attr, &mut errors);
     let Some(func) = errors.ok(syn::parse2::<Func>(item)) else {
-        return Err(into_error(errors));
+        return Err(errors.into_error());
     };
     let Func {
         attrs,
@@ -129,7 +120,17 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         body,
     } = func;
 
-    check_signature(&sig, body.is_some(), &mut errors);
+    let (output, boxed) = match boxed::future_output(&sig) {
+        Some(ty) => {
+            let output = ReturnType::Type(Default::default(), Box::new(ty.clone()));
+            let boxed = body
+                .as_ref()
+                .and_then(|body| errors.ok(boxed::split(&sig, &body.stmts)));
+            (output, boxed)
+        }
+        None => (sig.output.clone(), None),
+    };
+    check_signature(&sig, &output, body.is_some(), &mut errors);
     let scope = scope(&sig);
     let mutable = mutable_bindings(&sig);
     let key = key.and_then(|lit| match key::parse(&lit.value(), &scope) {
@@ -165,12 +166,14 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         Some(path) => quote!(#path::__private),
         None => quote!(::lock_runtime::__private),
     };
-    match (errors.0, key, body) {
-        (None, Some(key), Some(body)) => Ok(Locked {
+    match (key, body) {
+        (Some(key), Some(body)) if errors.is_empty() => Ok(Locked {
             attrs,
             vis,
             sig,
             body,
+            output,
+            boxed,
             key,
             ttl,
             wait,
@@ -178,19 +181,12 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             mutable,
             private,
         }),
-        (errors, ..) => Err(into_error(Errors(errors))),
+        _ => Err(errors.into_error()),
     }
 }
 
-/// Every `None` on the way here reported its error; the fallback message only guards that invariant.
-fn into_error(errors: Errors) -> syn::Error {
-    errors
-        .0
-        .unwrap_or_else(|| syn::Error::new(Span::call_site(), "invalid #[distributed_lock] usage"))
-}
-
 /// The function-level rules: something must be able to run at run time and return the lock's errors.
-fn check_signature(sig: &Signature, has_body: bool, errors: &mut Errors) {
+fn check_signature(sig: &Signature, output: &ReturnType, has_body: bool, errors: &mut Errors) {
     let name = &sig.ident;
     if let Some(constness) = &sig.constness {
         errors.push(syn::Error::new(
@@ -220,7 +216,7 @@ fn check_signature(sig: &Signature, has_body: bool, errors: &mut Errors) {
             ),
         ));
     }
-    let unit = match &sig.output {
+    let unit = match output {
         ReturnType::Default => Some(name.span()),
         ReturnType::Type(_, ty) => match &**ty {
             Type::Tuple(tuple) if tuple.elems.is_empty() => Some(tuple.paren_token.span.join()),
