@@ -154,7 +154,7 @@ impl LockConfig {
 
     /// How often a held lock is renewed (default: a third of its TTL). A renewal is also always
     /// sent early enough to be confirmed before the lock's validity runs out (one
-    /// `response_timeout`, at most a third of the TTL, before), whatever the interval. Must leave room for one request within
+    /// `response_timeout`, at most half the TTL, before), whatever the interval. Must leave room for one request within
     /// `default_ttl`: `renew_interval + response_timeout + drift < default_ttl`.
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.settings.renew_interval = Some(interval);
@@ -244,7 +244,7 @@ impl LockConfig {
         positive("retry_delay", settings.retry_delay)?;
         positive("connect_timeout", settings.connect_timeout)?;
         positive("response_timeout", settings.response_timeout)?;
-        if settings.connect_timeout > MAX_TTL {
+        if settings.connect_timeout > lock_rules::MAX_TTL {
             return Err(LockError::config(
                 "connect_timeout",
                 "must be at most 365 days",
@@ -280,7 +280,7 @@ impl LockConfig {
                     format!(
                         "must leave room for one request before default_ttl ({:?}) runs out: \
                          below {room:?} (default_ttl - drift - min(response_timeout, \
-                         default_ttl / 3)), got {interval:?}",
+                         default_ttl / 2)), got {interval:?}",
                         settings.default_ttl
                     ),
                 ));
@@ -464,38 +464,18 @@ impl Settings {
     }
 
     /// How long before its validity deadline a lock's renewal is sent at the latest: time for
-    /// one request, but at most a third of the TTL (short TTLs with long request timeouts are
-    /// renewed every third of their TTL, not continuously).
+    /// one request, but at most half the TTL (a short TTL with a long request timeout is renewed
+    /// at intervals, not continuously).
     pub(crate) fn renew_margin(&self, ttl: Duration) -> Duration {
-        self.response_timeout.min(ttl / 3)
+        self.response_timeout.min(ttl / 2)
     }
 }
 
-/// The one rule for a lock's TTL, from the config or from a call site, the same bounds as the
-/// attribute checks at compile time.
+/// The one rule for a lock's TTL, from the config or from a call site: the bounds the attribute
+/// checks at compile time (`lock_rules`), reported on `field`.
 pub(crate) fn check_ttl(field: &'static str, ttl: Duration) -> Result<(), LockError> {
-    if ttl.is_zero() {
-        return Err(LockError::config(field, "must be greater than zero"));
-    }
-    if ttl < MIN_TTL {
-        return Err(LockError::config(
-            field,
-            format!("must be at least {MIN_TTL:?}, got {ttl:?}"),
-        ));
-    }
-    if ttl > MAX_TTL {
-        return Err(LockError::config(
-            field,
-            format!("must be at most 365 days, got {ttl:?}"),
-        ));
-    }
-    Ok(())
+    lock_rules::check_ttl(ttl).map_err(|e| LockError::config(field, format!("{e}, got {ttl:?}")))
 }
-
-/// The shortest TTL any lock may have.
-pub(crate) const MIN_TTL: Duration = Duration::from_millis(10);
-/// The longest TTL any lock may have: a crashed holder blocks the lock for at most this long.
-pub(crate) const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn parse_url(field: &'static str, url: &str) -> Result<NodeAddr, LockError> {
     let scheme = url.split_once("://").map(|(s, _)| s);
@@ -642,6 +622,10 @@ mod tests {
         // A short ttl with a long request timeout: every third of the ttl, not continuously.
         let ttl = Duration::from_millis(300);
         assert_eq!(settings.renew_after(ttl, ttl), Duration::from_millis(100));
+        assert_eq!(
+            settings.renew_after(ttl, Duration::from_millis(290)),
+            Duration::from_millis(100)
+        );
     }
 
     #[test]

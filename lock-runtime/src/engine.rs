@@ -140,7 +140,7 @@ impl Engine {
         .await;
         drop(strategy);
         if let Some(token) = ended.unsure {
-            self.cleanup(Arc::clone(&req.name), token);
+            self.cleanup(Arc::clone(&req.name), token, req.ttl);
         }
         let granted = ended.result?;
         let hold = Arc::new(Hold::new(
@@ -182,13 +182,31 @@ impl Engine {
         );
     }
 
-    /// Best-effort release of a token whose acquisition may have succeeded unseen.
-    fn cleanup(&self, name: Arc<str>, token: Token) {
+    /// Releases a token whose acquisition may have succeeded unseen, retrying until a server
+    /// answers (for up to a minute, or the TTL when longer). An attempt sent before a freeze or a
+    /// reset connection can still run when the server resumes; a release answered after the
+    /// resume runs after it, so no grant of a failed call outlives the call by more than that.
+    fn cleanup(&self, name: Arc<str>, token: Token, ttl: Duration) {
         let backend = Arc::clone(&self.backend);
         self.background.spawn_on(
             async move {
-                if let Err(causes) = backend.release(&name, &token, false).await {
-                    events::cleanup_failed(&name, &causes);
+                let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
+                let mut pause = Duration::from_millis(50);
+                loop {
+                    match backend.release(&name, &token, false).await {
+                        Ok(_) => return,
+                        Err(causes)
+                            if Instant::now() < give_up
+                                && causes.iter().all(|c| c.kind.is_transient()) =>
+                        {
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_secs(1));
+                        }
+                        Err(causes) => {
+                            events::cleanup_failed(&name, &causes);
+                            return;
+                        }
+                    }
                 }
             },
             &self.runtime,

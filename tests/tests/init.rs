@@ -55,19 +55,27 @@ async fn init_once_and_config_errors_name_the_field() {
         "ttl"
     );
     assert_eq!(field(Lock::new("").acquire().await), "key");
+    for ttl in [
+        Duration::from_millis(5),
+        Duration::from_secs(400 * 24 * 3600),
+    ] {
+        assert_eq!(field(Lock::new("init:ttl").ttl(ttl).acquire().await), "ttl");
+    }
+    // A per-lock ttl shorter than the renew interval is renewed before its validity runs out
+    // anyway (the renewal is due one request, at most half the ttl, before the deadline).
     let client =
         LockClient::new(LockConfig::in_memory().renew_interval(Duration::from_millis(200)))
             .unwrap();
-    assert_eq!(
-        field(
-            client
-                .lock("init:short")
-                .ttl(Duration::from_millis(100))
-                .acquire()
-                .await
-        ),
-        "ttl"
-    );
+    let short = client
+        .lock("init:short")
+        .ttl(Duration::from_millis(100))
+        .acquire()
+        .await
+        .unwrap();
+    // The behaviour under test is the passing of time: four ttls.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!short.is_lost());
+    short.release().await.unwrap();
     for (config, expected) in [
         (
             LockConfig::single("redis://127.0.0.1:6379/notanumber"),

@@ -62,7 +62,7 @@ impl MemoryNode {
 
     fn acquire_now(&self, name: &str, token: &Token, ttl: Duration, fencing: bool) -> Attempt {
         let now = Instant::now();
-        let expires = now.checked_add(ttl).unwrap_or(now + crate::config::MAX_TTL);
+        let expires = now.checked_add(ttl).unwrap_or(now + lock_rules::MAX_TTL);
         let mut state = self.state();
         state.sweep(now);
         match state.live(name, now) {
