@@ -39,13 +39,15 @@
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
 //! | `key` | yes | the lock's name: a template, see below | |
-//! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"`; renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
+//! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"` (10ms to 365 days); renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
 //! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |
 //! | `crate` | no | path of this crate when it is re-exported, e.g. `crate = "my_lib::locks"` | `::lock_runtime` |
 //!
-//! Durations are checked at compile time; a zero `ttl` is a compile error. There is no infinite
-//! default: every lock expires if its holder dies.
+//! Durations are checked at compile time: a `ttl` outside 10ms..=365 days is a compile error, by
+//! the same rule ([`lock_rules`](https://docs.rs/lock-rules)) the runtime applies to
+//! [`Lock::ttl`] and [`LockConfig::default_ttl`]. There is no infinite ttl: every lock expires if
+//! its holder dies. `Lock::wait(Duration::MAX)` waits as long as it takes.
 //!
 //! ## Key templates
 //!
@@ -77,31 +79,41 @@
 //! | error | when | the body |
 //! |---|---|---|
 //! | [`LockError::Contended`] `{ key, waited }` | someone else holds the lock and `wait` ran out | did not run |
-//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission; in Redlock mode, too many nodes failed for a quorum | did not run |
-//! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, or renewal not confirmed before the lock's validity ran out) | async: stopped at its next `.await`; sync: ran to the end, its result is replaced |
+//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; in Redlock mode, too many nodes failed for a quorum | did not run |
+//! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
 //! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`) | did not run |
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
-//! [`FailureKind`] (`Timeout`, `Io`, `Auth`, `Permission`, `Response`).
+//! [`FailureKind`] (`Timeout`, `Refused`, `Io`, `Auth`, `Permission`, `Busy`, `Response`).
+//! `Timeout`, `Refused`, `Io` and `Busy` are retried within `wait` (a reply whose outcome is
+//! unknown is retried with the same token, which the server recognises); the others answer at once.
 //!
 //! # Renewal and loss
 //!
 //! While the body runs, the lock is extended every third of its TTL (see
-//! [`LockConfig::renew_interval`]) by one background driver per client, which batches all due
-//! locks into one pipeline per node: holding 10,000 locks costs a few round trips per tick, not
-//! 10,000 tasks. A lock is declared lost when Redis says it is no longer ours, or when its validity
-//! deadline (`ttl - elapsed - drift`, measured on a monotonic clock from the last confirmed
-//! renewal) passes without a confirmed renewal. One failed request is retried, not a loss.
+//! [`LockConfig::renew_interval`]), and always early enough for the renewal to be confirmed before
+//! the lock's validity runs out (one `response_timeout`, at most half the TTL, before it), by one
+//! background driver per client, which batches all due locks into one pipeline per node: holding
+//! 10,000 locks costs a few round trips per tick, not 10,000 tasks. A lock is declared lost when
+//! Redis says it is no longer ours, or when its validity deadline (`ttl - elapsed - drift`,
+//! measured on a monotonic clock from the sending of the last confirmed renewal) passes without a
+//! confirmed renewal. One failed request is retried, not a loss; one bad lock in a batch does not
+//! affect the others.
 //!
 //! On loss an async body is cancelled at its next `.await` and the call returns `Err(Lost)`; a
-//! sync body cannot be interrupted, so it runs to the end and the call returns `Err(Lost)`; it
-//! can check `guard.is_lost()` itself between steps. If the body had already finished, a release
-//! that finds the lock gone also returns `Err(Lost)`: the body may not have been alone.
+//! sync body cannot be interrupted, so it runs to the end and the call returns `Err(Lost)` in place
+//! of its success (its own error is kept); it can check `guard.is_lost()` itself between steps.
+//! Loss is decided before the release is sent, on the monotonic clock: a lock whose validity ran
+//! out is `Lost` whatever the release then says, even when the release cannot reach Redis (a
+//! partition). If the body had already finished, a release that finds the lock gone also returns
+//! `Err(Lost)`: the body may not have been alone.
 //!
 //! Releasing happens when the body returns, when it panics (the panic continues), and when an
-//! async call's future is dropped: promptly, not after the TTL.
+//! async call's future is dropped: promptly, not after the TTL. Releases started by a drop or a
+//! cancellation run in the background: call [`shutdown`] before the process exits so they reach
+//! Redis (otherwise the lock stays taken until its TTL runs out).
 //!
 //! # Configuration
 //!
@@ -119,7 +131,8 @@
 //! that hosts connections ([`LockConfig::runtime`]: by default the library's own, so locks work
 //! from any runtime or none; a long-lived application runtime saves a thread hop per operation). `init`
 //! validates everything (a bad value is `LockError::Config` naming the field) but does not
-//! connect: connections are made on first use. Passwords never appear in `Debug` or errors, and
+//! connect: connections are made on first use. At the end of `main`, [`shutdown`] releases what is
+//! still held and waits (at most one request timeout) for releases still in flight. Passwords never appear in `Debug` or errors, and
 //! lock tokens are never logged.
 //!
 //! # The same code without the macro
@@ -146,9 +159,11 @@
 //!     };
 //!     let released = guard.release().await; // Err(Lost) if it was no longer ours
 //!     match (out, released) {
-//!         (_, Err(lost @ LockError::Lost { .. })) => Err(lost),
+//!         // Lost while the body ran: its success does not count (its own error may stay).
+//!         (Some(Ok(_)), Err(lost @ LockError::Lost { .. })) => Err(lost),
 //!         (None, _) => Err(LockError::Lost { key: format!("wallet:{user_id}") }),
-//!         // A release that cannot reach Redis does not undo a finished body: the TTL frees the lock.
+//!         // A release that cannot reach Redis does not undo a body that finished while the
+//!         // lock was valid: the TTL frees the lock.
 //!         (Some(out), _) => out,
 //!     }
 //! }
@@ -168,9 +183,11 @@
 //!   nodes. Fencing is opt-in here ([`LockConfig::fencing`]): the token is the largest counter of
 //!   the granting majority, written back to a majority before the guard is returned, so every
 //!   later majority hands out a larger one (as long as no node loses its counters).
-//! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a 128-bit
-//!   random token) extends or releases; loss is signalled; no orphan locks after cancellation or
-//!   panic; contention and failure are distinct errors.
+//! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a random
+//!   UUID token) extends or releases; loss is signalled; no orphan locks after cancellation, panic
+//!   or [`shutdown`]; contention and failure are distinct errors; every acquire answers within its
+//!   `wait` plus one request timeout, whatever the servers do. The [`fault_table`] lists each
+//!   fault, the promise that holds under it, and the test that proves it.
 //! - In memory: the same semantics inside one process, nothing across processes.
 
 mod acquire;
@@ -190,6 +207,10 @@ mod wait;
 
 #[doc(hidden)]
 pub mod __private;
+
+/// What the library promises under each fault, and the test that proves it.
+#[doc = include_str!("../FAULTS.md")]
+pub mod fault_table {}
 
 pub use client::LockClient;
 pub use config::{ENV_URL, LockConfig};

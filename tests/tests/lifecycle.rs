@@ -1,6 +1,6 @@
 //! Regression tests for issue 7 ("one lock lifecycle, correct under every fault"), one section per
 //! item of the issue. Real `redis-server` processes, faults through the servers' own levers or the
-//! fault proxy. Item 8 (`lock_runtime::shutdown()`) has no test: the API does not exist yet.
+//! fault proxy.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -619,6 +619,74 @@ async fn one_bad_item_in_a_renewal_batch_fails_only_itself() {
         .await
         .expect("the healthy lock is still ours");
     assert!(matches!(bad.release().await, Err(LockError::Lost { .. })));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Shutdown releases what is held and waits for releases still running.
+
+/// One lock still held by running code, one guard dropped just before shutdown (its release is
+/// in flight), one cleanup of nothing: after `shutdown()` returns, no key is left, the holder sees
+/// its lock lost, and new locks are refused, with no sleep in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_held_locks_and_waits_for_pending_releases() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks = client(LockConfig::single(proxy.url()));
+    let (held, dropped) = (
+        unique_key("life:shutdown-held"),
+        unique_key("life:shutdown-drop"),
+    );
+    let guard = locks.lock(&held).acquire().await.unwrap();
+    let other = locks.lock(&dropped).acquire().await.unwrap();
+    // Slow enough that the dropped guard's release is surely still in flight at shutdown.
+    proxy.set_delay(ms(100));
+    drop(other);
+    let shutting = locks.clone();
+    tokio::task::spawn_blocking(move || shutting.shutdown())
+        .await
+        .unwrap();
+    assert!(
+        !key_exists(&server, &lock_key(&dropped)),
+        "a dropped guard's release was cut off"
+    );
+    assert!(
+        !key_exists(&server, &lock_key(&held)),
+        "a held lock survived shutdown"
+    );
+    assert!(guard.is_lost(), "the holder must see its lock gone");
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    assert!(matches!(
+        locks
+            .lock(unique_key("life:after-shutdown"))
+            .acquire()
+            .await,
+        Err(LockError::Runtime { .. })
+    ));
+}
+
+/// An async body under the attribute's glue is cancelled by a shutdown, and the call says `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_a_running_body_with_lost() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let guard = locks
+        .lock(unique_key("life:shutdown-body"))
+        .acquire()
+        .await
+        .unwrap();
+    let shutting = locks.clone();
+    let stop = tokio::task::spawn_blocking(move || shutting.shutdown());
+    let body = std::future::pending::<Result<(), LockError>>();
+    let out = bounded(
+        Duration::from_secs(5),
+        "the body's cancellation",
+        lock_runtime::__private::until_lost(&guard, body),
+    )
+    .await;
+    assert!(out.is_none(), "the body ran on after shutdown");
+    let result: Result<(), LockError> = lock_runtime::__private::finish(guard, out).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    stop.await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ async fn main() -> ExitCode {
     }
     // Two instances start the job at once: exactly one runs it.
     let (a, b) = tokio::join!(run_job("compaction"), run_job("compaction"));
+    // Before exiting: release what is still held and let releases in flight reach Redis.
+    lock_runtime::shutdown();
     for outcome in [a, b] {
         match outcome {
             Ok(report) => println!("ran: {report}"),

@@ -53,7 +53,10 @@ fn main() -> ExitCode {
         Ok(report) => println!("second instance built it: {report}"),
         Err(err) => println!("second instance failed: {err}"),
     }
-    match first.join() {
+    let first = first.join();
+    // Before exiting: release what is still held and let releases in flight reach Redis.
+    lock_runtime::shutdown();
+    match first {
         Ok((Ok(report), took)) => {
             println!("first instance: {report} in {took:.1?}, past its 1s TTL thanks to renewal");
             ExitCode::SUCCESS

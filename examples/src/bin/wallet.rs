@@ -98,7 +98,10 @@ async fn try_withdraw(ledger: &Ledger, user_id: u64, amount: u64) -> Result<u64,
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
+    let outcome = run().await;
+    // Before exiting: release what is still held and let releases in flight reach Redis.
+    lock_runtime::shutdown();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("wallet: {err}");
