@@ -70,6 +70,7 @@ struct Watching {
     /// Confirmations still to come, and how many more make a release impossible to miss.
     pending: FuturesUnordered<BoxFuture<'static, bool>>,
     needed: usize,
+    /// Dropped with the strategy: unsubscribes.
     _subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
 }
 
@@ -112,9 +113,9 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             let (subscriptions, needed) = self.backend.watch(self.name);
             let pending = FuturesUnordered::new();
             let mut keep = Vec::with_capacity(subscriptions.len());
-            for Subscription { confirmed, _keep } in subscriptions {
+            for Subscription { confirmed, keep: undo } in subscriptions {
                 pending.push(confirmed);
-                keep.push(_keep);
+                keep.push(undo);
             }
             self.watch = Some(Watching {
                 wake,

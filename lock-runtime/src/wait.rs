@@ -13,7 +13,7 @@ use crate::config::Settings;
 /// a name's signal when they learn of its release (Redis pub/sub, or in memory directly).
 #[derive(Debug, Default)]
 pub(crate) struct WakeRegistry {
-    channels: Mutex<HashMap<String, Slot>>,
+    names: Mutex<HashMap<String, Slot>>,
 }
 
 #[derive(Debug)]
@@ -24,9 +24,9 @@ struct Slot {
 
 impl WakeRegistry {
     /// Starts watching `name`: every later [`notify`](Self::notify) of it wakes the handle.
-    pub(crate) fn watch(self: &Arc<Self>, channel: &str) -> WakeHandle {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = channels.entry(channel.to_owned()).or_insert_with(|| Slot {
+    pub(crate) fn watch(self: &Arc<Self>, name: &str) -> WakeHandle {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = names.entry(name.to_owned()).or_insert_with(|| Slot {
             tx: watch::channel(0).0,
             waiters: 0,
         });
@@ -34,43 +34,43 @@ impl WakeRegistry {
         WakeHandle {
             rx: slot.tx.subscribe(),
             registry: Arc::clone(self),
-            channel: channel.to_owned(),
+            name: name.to_owned(),
         }
     }
 
-    /// `channel` (a lock name) was released.
-    pub(crate) fn notify(&self, channel: &str) {
-        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = channels.get(channel) {
+    /// `name` was released.
+    pub(crate) fn notify(&self, name: &str) {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = names.get(name) {
             slot.tx.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
     /// Wakes every waiter, e.g. after a notification connection broke and releases may have been missed.
     pub(crate) fn notify_all(&self) {
-        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        for slot in channels.values() {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in names.values() {
             slot.tx.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
-    fn forget(&self, channel: &str) {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(slot) = channels.get_mut(channel) {
+    fn forget(&self, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = names.get_mut(name) {
             slot.waiters -= 1;
             if slot.waiters == 0 {
-                channels.remove(channel);
+                names.remove(name);
             }
         }
     }
 }
 
-/// One waiter's view of a release channel. Dropping it unsubscribes.
+/// One waiter's view of a lock's releases. Dropping it stops watching.
 #[derive(Debug)]
 pub(crate) struct WakeHandle {
     rx: watch::Receiver<u64>,
     registry: Arc<WakeRegistry>,
-    channel: String,
+    name: String,
 }
 
 impl WakeHandle {
@@ -90,7 +90,7 @@ impl WakeHandle {
 
 impl Drop for WakeHandle {
     fn drop(&mut self) {
-        self.registry.forget(&self.channel);
+        self.registry.forget(&self.name);
     }
 }
 
@@ -153,7 +153,7 @@ mod tests {
         drop(handle);
         assert!(
             registry
-                .channels
+                .names
                 .lock()
                 .map(|c| c.is_empty())
                 .unwrap_or(false)

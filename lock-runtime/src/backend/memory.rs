@@ -178,7 +178,7 @@ impl Node for MemoryNode {
         // Releases notify the client's wake registry directly: nothing to set up.
         Subscription {
             confirmed: Box::pin(std::future::ready(true)),
-            _keep: None,
+            keep: None,
         }
     }
 }

@@ -65,7 +65,7 @@ pub(crate) struct Subscription {
     /// the waiter. False when it could not be confirmed (the waiter relies on its backoff).
     pub(crate) confirmed: BoxFuture<'static, bool>,
     /// Undoes the subscription when dropped.
-    pub(crate) _keep: Option<Box<dyn Send + Sync>>,
+    pub(crate) keep: Option<Box<dyn Send + Sync>>,
 }
 
 impl fmt::Debug for Subscription {

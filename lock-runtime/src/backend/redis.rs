@@ -79,6 +79,13 @@ pub(crate) struct RedisNode {
     subs: Arc<Subscriptions>,
 }
 
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        // Lets the notification task notice that the node is gone.
+        self.subs.kick.notify_one();
+    }
+}
+
 impl std::fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisNode")
@@ -299,6 +306,10 @@ impl Node for RedisNode {
                 confirmed: watch::channel(None).0,
             });
             entry.waiters += 1;
+            if *entry.confirmed.borrow() == Some(false) {
+                // The last try failed: this waiter waits for the next one.
+                entry.confirmed.send_replace(None);
+            }
             entry.confirmed.subscribe()
         };
         self.subs.start();
@@ -311,7 +322,7 @@ impl Node for RedisNode {
                     Err(_) => false,
                 }
             }),
-            _keep: Some(Box::new(Unwatch {
+            keep: Some(Box::new(Unwatch {
                 subs: Arc::clone(&self.subs),
                 channel,
             })),
