@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockConfig, LockError, distributed_lock};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{RedisServer, lock_keys, unique_key, wait_until, wait_until_async};
 
 static BODY_RUNS: AtomicU32 = AtomicU32::new(0);
 static FINISHED: AtomicBool = AtomicBool::new(false);
@@ -109,8 +109,9 @@ fn increment_sync(id: &str, conn: &mut redis::Connection) -> Result<(), LockErro
     Ok(())
 }
 
+/// The Redis lock key of `attr:<id>`, the key template of every fn here.
 fn lock_key(id: &str) -> String {
-    format!("lock:{{attr:{id}}}")
+    lock_keys(&format!("attr:{id}")).lock
 }
 
 fn delete_lock_key(url: &str, id: &str) {
@@ -122,14 +123,11 @@ fn delete_lock_key(url: &str, id: &str) {
     assert_eq!(deleted, 1);
 }
 
-/// Polls (bounded) until the lock key is gone; returns how long it took.
+/// Waits (bounded) until the lock key is gone; returns how long it took.
 fn wait_free(server: &RedisServer, id: &str) -> Duration {
-    let start = Instant::now();
-    while server.keys(&lock_key(id)).len() == 1 {
-        assert!(start.elapsed() < Duration::from_secs(5), "{id} still held");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    start.elapsed()
+    wait_until(Duration::from_secs(5), "the lock key is gone", || {
+        server.keys(&lock_key(id)).is_empty()
+    })
 }
 
 #[test]
@@ -162,11 +160,10 @@ fn the_attribute_on_redis() {
             let id = id.clone();
             async move { long_async(&id, Duration::from_secs(2)).await }
         });
-        let start = Instant::now();
-        while server.keys(&lock_key(&id)).is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5));
-            tokio::task::yield_now().await;
-        }
+        wait_until_async(Duration::from_secs(5), "the body holds the lock", || {
+            !server.keys(&lock_key(&id)).is_empty()
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(matches!(quick(&id).await, Err(LockError::Contended { .. })));
         assert!(body.await.unwrap().unwrap() > 0);

@@ -4,68 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
-use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{RedisServer, Worker, finish_all, lock_keys, unique_key};
 
 const WORKERS: usize = 6;
 const ITERATIONS: u64 = 100;
 const WORKERS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A child whose stdout and stderr are drained by threads (so a chatty child never blocks on a
-/// full pipe), killed if still running when dropped.
-struct Worker {
-    mode: &'static str,
-    child: Child,
-    stdout: Option<JoinHandle<String>>,
-    stderr: Option<JoinHandle<String>>,
-}
-
-impl Worker {
-    fn spawn(url: &str, lock_key: &str, data: &str, mode: &'static str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_counter_worker"))
-            .args([url, lock_key, data, &ITERATIONS.to_string(), mode])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn counter_worker");
-        let stdout = drain(child.stdout.take().expect("piped stdout"));
-        let stderr = drain(child.stderr.take().expect("piped stderr"));
-        Worker {
-            mode,
-            child,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-        }
-    }
-
-    /// Output of a finished child (the pipes are closed once it exited).
-    fn output(&mut self) -> (String, String) {
-        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
-        (join(self.stdout.take()), join(self.stderr.take()))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn drain(mut pipe: impl std::io::Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
 
 #[test]
 fn six_processes_increment_a_counter_without_overlap() {
@@ -74,45 +20,35 @@ fn six_processes_increment_a_counter_without_overlap() {
     let data = unique_key("processes:data");
 
     let started = Instant::now();
-    let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|i| {
-            let mode = if i % 2 == 0 { "sync" } else { "async" };
-            Worker::spawn(&server.url(), &lock_key, &data, mode)
+    let modes: Vec<&str> = (0..WORKERS)
+        .map(|i| if i % 2 == 0 { "sync" } else { "async" })
+        .collect();
+    let mut workers: Vec<Worker> = modes
+        .iter()
+        .map(|mode| {
+            Worker::spawn(
+                env!("CARGO_BIN_EXE_counter_worker"),
+                &[
+                    server.url().as_str(),
+                    &lock_key,
+                    &data,
+                    &ITERATIONS.to_string(),
+                    mode,
+                ],
+            )
         })
         .collect();
-
     // Bounded wait for all of them; on timeout every child is killed (Drop) and the test fails.
-    let deadline = started + WORKERS_TIMEOUT;
-    let mut statuses = vec![None; WORKERS];
-    while statuses.iter().any(Option::is_none) {
-        for (worker, status) in workers.iter_mut().zip(statuses.iter_mut()) {
-            if status.is_none() {
-                *status = worker.child.try_wait().expect("try_wait on a worker");
-            }
-        }
-        if Instant::now() >= deadline {
-            let unfinished = statuses.iter().filter(|s| s.is_none()).count();
-            drop(workers);
-            panic!("{unfinished} workers still running after {WORKERS_TIMEOUT:?}; killed");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    let outputs = finish_all(&mut workers, WORKERS_TIMEOUT);
     let took = started.elapsed();
 
     let mut fences = Vec::new();
     let mut violations = 0;
     let mut lost = 0;
-    for (worker, status) in workers.iter_mut().zip(&statuses) {
-        let (stdout, stderr) = worker.output();
-        let status = status.expect("finished");
-        assert!(
-            status.success(),
-            "{} worker exited with {status}\nstdout tail: {}\nstderr: {stderr}",
-            worker.mode,
-            stdout.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
-        );
+    for (out, mode) in outputs.iter().zip(&modes) {
+        out.assert_success(&format!("{mode} worker"));
         let mut own = Vec::new();
-        for line in stdout.lines() {
+        for line in &out.stdout {
             if let Some(n) = line.strip_prefix("fence ") {
                 own.push(n.parse::<u64>().expect("fence number"));
             } else if let Some(rest) = line.strip_prefix("violations=") {
@@ -124,14 +60,13 @@ fn six_processes_increment_a_counter_without_overlap() {
         assert_eq!(
             own.len(),
             usize::try_from(ITERATIONS).unwrap(),
-            "{} worker reported {} grants\nstderr: {stderr}",
-            worker.mode,
-            own.len()
+            "{mode} worker reported {} grants\nstderr: {}",
+            own.len(),
+            out.stderr
         );
         assert!(
             own.windows(2).all(|w| w[0] < w[1]),
-            "fencing tokens seen by one {} worker are not increasing: {own:?}",
-            worker.mode
+            "fencing tokens seen by one {mode} worker are not increasing: {own:?}"
         );
         fences.extend(own);
     }
@@ -166,7 +101,7 @@ fn six_processes_increment_a_counter_without_overlap() {
         "two grants across processes carried the same fencing token"
     );
     assert!(
-        server.keys(&format!("lock:{{{lock_key}}}")).is_empty(),
+        server.keys(&lock_keys(&lock_key).lock).is_empty(),
         "the lock is still held after every worker released it"
     );
 }
@@ -206,5 +141,5 @@ async fn fencing_tokens_strictly_increase_across_1000_grants() {
         "1000 sequential grants in {:?} (last fencing token {last})",
         started.elapsed()
     );
-    assert!(server.keys(&format!("lock:{{{key}}}")).is_empty());
+    assert!(server.keys(&lock_keys(&key).lock).is_empty());
 }

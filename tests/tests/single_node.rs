@@ -41,7 +41,7 @@ async fn the_url_database_is_used() {
     let in_db = |db: i64, admin: &mut redis::Connection| -> i64 {
         let _: () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
         redis::cmd("EXISTS")
-            .arg(format!("lock:{{{key}}}"))
+            .arg(lock_tests::lock_keys(&key).lock)
             .query(admin)
             .unwrap()
     };

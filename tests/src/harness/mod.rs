@@ -3,3 +3,4 @@
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod util;
+pub(crate) mod worker;

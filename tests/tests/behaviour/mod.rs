@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{RedisServer, ServerOptions, unique_key};
+use lock_tests::{RedisServer, ServerOptions, lock_keys, unique_key, wait_until_async};
 
 /// Two clients on one backend (two "processes" for Redis; one store, shared, in memory) and the
 /// server behind them when there is one.
@@ -63,23 +63,13 @@ impl Fx {
     }
 
     /// Waits (bounded) until some client is subscribed to `key`'s release channel, i.e. waiting.
-    fn await_waiter(&self, key: &str) {
+    async fn await_waiter(&self, key: &str) {
         let Some(server) = &self.server else { return };
-        let mut admin = server.admin();
-        let channel = format!("lock:{{{key}}}:released");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query(&mut admin)
-                .unwrap();
-            if subs.first().is_some_and(|(_, n)| *n > 0) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the waiter never subscribed");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let channel = lock_keys(key).channel;
+        wait_until_async(Duration::from_secs(5), "the waiter subscribed", || {
+            server.subscribers(&channel) > 0
+        })
+        .await;
     }
 
     /// Polls (bounded) until `b` can take `key` with no wait, and returns how long that took.
@@ -111,13 +101,13 @@ pub(crate) async fn acquire_release(fx: &Fx) {
     assert!(!guard.is_lost());
     if let Some(server) = &fx.server {
         assert_eq!(
-            server.keys("lock:{beh:basic*}"),
-            vec![format!("lock:{{{key}}}")]
+            server.keys(&lock_keys("beh:basic*").lock),
+            vec![lock_keys(&key).lock]
         );
     }
     guard.release().await.unwrap();
     if let Some(server) = &fx.server {
-        assert!(server.keys("lock:{beh:basic*}").is_empty());
+        assert!(server.keys(&lock_keys("beh:basic*").lock).is_empty());
     }
     // Free again: the next acquisition succeeds at once.
     fx.b.lock(&key)
@@ -156,7 +146,7 @@ pub(crate) async fn waiter_gets_lock_right_after_release(fx: &Fx) {
         let guard = b.lock(&k).wait(Duration::from_secs(10)).acquire().await;
         (Instant::now(), guard)
     });
-    fx.await_waiter(&key);
+    fx.await_waiter(&key).await;
     let released_at = Instant::now();
     held.release().await.unwrap();
     let (got_at, guard) = waiter.await.unwrap();
@@ -238,7 +228,7 @@ pub(crate) async fn cancelled_waiter_keeps_nothing(fx: &Fx) {
             .acquire()
             .await
     });
-    fx.await_waiter(&key);
+    fx.await_waiter(&key).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     held.release().await.unwrap();
@@ -301,7 +291,7 @@ pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     let guard = fx.a.lock(&key).ttl(ttl).acquire().await.unwrap();
     let Some(server) = &fx.server else { return };
     let _: () = redis::cmd("DEL")
-        .arg(format!("lock:{{{key}}}"))
+        .arg(lock_keys(&key).lock)
         .query(&mut server.admin())
         .unwrap();
     let start = Instant::now();
