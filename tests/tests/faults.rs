@@ -1,6 +1,6 @@
 //! Single-node failure behaviour: Redis down, frozen or tampered with, a flaky link, unknown
-//! outcomes, cancellation and panics, a crashed holder process, bad credentials, and secrets that
-//! must never show in `Debug` output or logs.
+//! outcomes, a crashed holder process, bad credentials, and secrets that must never show in
+//! `Debug` output or logs. (Cancellation, drop and panic are in the behaviour suite.)
 //!
 //! Timings are measured and printed (`--nocapture` shows them). Upper bounds are asserted only where
 //! the bound is the behaviour under test, and then generously.
@@ -462,183 +462,7 @@ async fn acquire_with_unknown_outcome_leaves_no_orphan() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. Cancellation, drop and panic
-
-#[tokio::test]
-async fn dropped_future_releases_promptly() {
-    let server = RedisServer::start();
-    let mut admin = server.admin();
-    let locks = client(LockConfig::single(server.url()));
-    let key = unique_key("faults:cancel");
-    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
-
-    let body = {
-        let locks = locks.clone();
-        let key = key.clone();
-        Box::pin(async move {
-            let guard = locks
-                .lock(&key)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            let _ = acquired_tx.send(());
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            drop(guard);
-        })
-    };
-    // Drive the body until it holds the lock, then cancel it with a timeout.
-    let mut body = body;
-    tokio::select! {
-        () = &mut body => panic!("body finished"),
-        acquired = bounded(Duration::from_secs(10), "acquire in body", acquired_rx) => acquired.unwrap(),
-    }
-    assert!(
-        exists(&mut admin, &redis_key(&key)),
-        "not held before cancellation"
-    );
-    let cancelled = tokio::time::timeout(Duration::from_millis(50), body).await;
-    assert!(cancelled.is_err(), "body was not cancelled");
-    let gone = wait_gone(
-        &server,
-        &redis_key(&key),
-        Duration::from_secs(2),
-        "cancelled",
-    )
-    .await;
-    eprintln!(
-        "future dropped mid-hold (ttl 30s): key gone {} ms after the drop",
-        gone.as_millis()
-    );
-}
-
-#[tokio::test]
-async fn dropped_guard_releases_promptly() {
-    let server = RedisServer::start();
-    let mut admin = server.admin();
-    let locks = client(LockConfig::single(server.url()));
-    let key = unique_key("faults:drop");
-    let guard = locks
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(exists(&mut admin, &redis_key(&key)));
-    drop(guard);
-    let gone = wait_gone(&server, &redis_key(&key), Duration::from_secs(2), "dropped").await;
-    eprintln!(
-        "guard dropped without release (ttl 30s): key gone {} ms after the drop",
-        gone.as_millis()
-    );
-    // And a sync drop inside a sync context too.
-    let guard = locks
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .acquire_blocking()
-        .unwrap();
-    std::thread::spawn(move || drop(guard)).join().unwrap();
-    wait_gone(
-        &server,
-        &redis_key(&key),
-        Duration::from_secs(2),
-        "dropped on a plain thread",
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn panic_in_a_task_holding_the_guard_releases() {
-    let server = RedisServer::start();
-    let mut admin = server.admin();
-    let locks = client(LockConfig::single(server.url()));
-    let key = unique_key("faults:panic");
-    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-
-    let task = tokio::spawn({
-        let locks = locks.clone();
-        let key = key.clone();
-        async move {
-            let _guard = locks
-                .lock(&key)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            let _ = acquired_tx.send(());
-            let _ = go_rx.await;
-            panic!("deliberate panic while holding the lock");
-        }
-    });
-    bounded(Duration::from_secs(10), "acquire in task", acquired_rx)
-        .await
-        .unwrap();
-    assert!(
-        exists(&mut admin, &redis_key(&key)),
-        "not held before the panic"
-    );
-    go_tx.send(()).unwrap();
-    let joined = bounded(Duration::from_secs(5), "join", task).await;
-    assert!(joined.unwrap_err().is_panic());
-    let gone = wait_gone(
-        &server,
-        &redis_key(&key),
-        Duration::from_secs(2),
-        "panicked",
-    )
-    .await;
-    eprintln!(
-        "panic while holding (ttl 30s): key gone {} ms after the task ended",
-        gone.as_millis()
-    );
-}
-
-#[tokio::test]
-async fn cancelled_waiter_does_not_keep_a_lock_granted_later() {
-    let server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
-    let other = client(LockConfig::single(server.url()));
-    let key = unique_key("faults:cancel-wait");
-    let holder = locks
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-
-    // A waiter that gives up (its future is dropped) while the holder still holds.
-    let waiting = other
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(20))
-        .acquire();
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), waiting)
-            .await
-            .is_err(),
-        "waiter got a held lock"
-    );
-    holder.release().await.unwrap();
-    // Nobody wants it any more: a third party gets it, well before the 30s ttl of a stray grant.
-    let third = client(LockConfig::single(server.url()));
-    let started = Instant::now();
-    let guard = bounded(
-        Duration::from_secs(10),
-        "third party",
-        third.lock(&key).wait(Duration::from_secs(5)).acquire(),
-    )
-    .await
-    .expect("the cancelled waiter kept a lock granted after it went away");
-    eprintln!(
-        "after a cancelled waiter: third party acquired in {:?}",
-        started.elapsed()
-    );
-    guard.release().await.unwrap();
-}
-
-// ---------------------------------------------------------------------------------------------
-// 7. Holder process killed
+// 6. Holder process killed (cancellation, drop and panic: the behaviour suite, behaviour/mod.rs)
 
 #[tokio::test]
 async fn killed_holder_process_frees_the_lock_after_its_ttl_not_before() {
@@ -723,7 +547,7 @@ async fn killed_holder_process_frees_the_lock_after_its_ttl_not_before() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. Credentials
+// 7. Credentials
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_failure_not_contention() {
@@ -801,7 +625,7 @@ async fn wrong_password_is_an_auth_failure_not_contention() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 9. Secrets never shown
+// 8. Secrets never shown
 
 /// Every tracing event and span field of this test process, as text (see [`capture_logs`]).
 static LOGS: Mutex<String> = Mutex::new(String::new());
