@@ -22,6 +22,7 @@
 //! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set.
 
 mod harness;
+pub mod history;
 
 pub use harness::proxy::FaultProxy;
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};

@@ -1,5 +1,6 @@
 //! Several OS processes contending for one lock on one Redis node: mutual exclusion of a
-//! read-modify-write counter, sync and async callers mixed, and fencing tokens that only grow.
+//! read-modify-write counter, sync and async callers mixed, and fencing tokens that only grow,
+//! proven from the grant history every worker records (and the history checker shown to fail).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisServer, Worker, finish_all, lock_keys, unique_key};
+use lock_tests::{RedisServer, Worker, finish_all, history, lock_keys, unique_key, wait_until};
 
 const WORKERS: usize = 6;
 const ITERATIONS: u64 = 100;
@@ -42,21 +43,12 @@ fn six_processes_increment_a_counter_without_overlap() {
     let outputs = finish_all(&mut workers, WORKERS_TIMEOUT);
     let took = started.elapsed();
 
-    let mut fences = Vec::new();
+    let mut grants = Vec::new();
     let mut violations = 0;
     let mut lost = 0;
     for (out, mode) in outputs.iter().zip(&modes) {
         out.assert_success(&format!("{mode} worker"));
-        let mut own = Vec::new();
-        for line in &out.stdout {
-            if let Some(n) = line.strip_prefix("fence ") {
-                own.push(n.parse::<u64>().expect("fence number"));
-            } else if let Some(rest) = line.strip_prefix("violations=") {
-                let (v, l) = rest.split_once(" lost=").expect("summary line");
-                violations += v.parse::<u64>().expect("violations");
-                lost += l.parse::<u64>().expect("lost");
-            }
-        }
+        let own = history::grants(&out.stdout);
         assert_eq!(
             own.len(),
             usize::try_from(ITERATIONS).unwrap(),
@@ -64,25 +56,24 @@ fn six_processes_increment_a_counter_without_overlap() {
             own.len(),
             out.stderr
         );
-        assert!(
-            own.windows(2).all(|w| w[0] < w[1]),
-            "fencing tokens seen by one {mode} worker are not increasing: {own:?}"
-        );
-        fences.extend(own);
+        let (v, l) = history::summary(&out.stdout);
+        violations += v;
+        lost += l;
+        grants.extend(own);
     }
 
     let counter: Option<i64> = redis::cmd("GET")
         .arg(format!("{data}:counter"))
         .query(&mut server.admin())
         .unwrap();
-    let distinct: BTreeSet<u64> = fences.iter().copied().collect();
+    let fences: BTreeSet<u64> = grants.iter().map(|g| g.fence).collect();
     eprintln!(
         "{WORKERS} processes x {ITERATIONS} increments: {took:?} in total, {:.2} ms per grant \
          (hand-off included), counter {counter:?}, violations {violations}, lost {lost}, \
          fences {}..={}",
         took.as_secs_f64() * 1000.0 / (WORKERS as f64 * ITERATIONS as f64),
-        distinct.first().copied().unwrap_or(0),
-        distinct.last().copied().unwrap_or(0),
+        fences.first().copied().unwrap_or(0),
+        fences.last().copied().unwrap_or(0),
     );
     assert_eq!(violations, 0, "critical sections overlapped");
     assert_eq!(lost, 0, "locks were lost during short critical sections");
@@ -92,14 +83,13 @@ fn six_processes_increment_a_counter_without_overlap() {
         "increments were lost: mutual exclusion broken"
     );
     assert!(
-        fences.iter().all(|&f| f > 0),
+        grants.iter().all(|g| g.fence > 0),
         "a grant had no fencing token"
     );
-    assert_eq!(
-        distinct.len(),
-        fences.len(),
-        "two grants across processes carried the same fencing token"
-    );
+    // No two grants at once, tokens strictly growing in grant order, across all processes.
+    if let Err(violation) = history::check(&grants) {
+        panic!("{violation}");
+    }
     assert!(
         server.keys(&lock_keys(&lock_key).lock).is_empty(),
         "the lock is still held after every worker released it"
@@ -142,4 +132,60 @@ async fn fencing_tokens_strictly_increase_across_1000_grants() {
         started.elapsed()
     );
     assert!(server.keys(&lock_keys(&key).lock).is_empty());
+}
+
+/// The history checker can fail: a worker's lock key is deleted while it is inside its critical
+/// section (held for 3s), a second worker is granted the lock meanwhile, and the checker names
+/// exactly these two grants.
+#[test]
+fn the_history_checker_reports_a_double_grant() {
+    let server = RedisServer::start();
+    let lock_key = unique_key("processes:double");
+    let data = unique_key("processes:double-data");
+    let worker = |hold: &[&str]| {
+        let mut args = vec![server.url(), lock_key.clone(), data.clone(), "1".into()];
+        args.extend(["sync"].iter().chain(hold).map(|s| (*s).to_owned()));
+        Worker::spawn(env!("CARGO_BIN_EXE_counter_worker"), &args)
+    };
+    let mut first = worker(&["3000"]);
+    let mut admin = server.admin();
+    wait_until(Duration::from_secs(20), "the first worker inside", || {
+        redis::cmd("GET")
+            .arg(format!("{data}:inside"))
+            .query::<Option<i64>>(&mut admin)
+            .unwrap()
+            == Some(1)
+    });
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(lock_keys(&lock_key).lock)
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(deleted, 1, "the first worker's lock key was not there");
+    let mut second = worker(&[]);
+    let second_out = second.finish(Duration::from_secs(20));
+    second_out.assert_success("second worker");
+    assert!(
+        first.is_running(),
+        "the first worker left its critical section before the second one got in"
+    );
+    let first_out = first.finish(Duration::from_secs(20));
+    first_out.assert_success("first worker");
+
+    let grants: Vec<_> = [&first_out, &second_out]
+        .iter()
+        .flat_map(|out| history::grants(&out.stdout))
+        .collect();
+    assert_eq!(grants.len(), 2, "{grants:?}");
+    let violation = history::check(&grants).expect_err("the checker missed the double grant");
+    eprintln!("{violation}");
+    match violation {
+        history::Violation::Overlap {
+            first: held,
+            second: granted,
+        } => {
+            assert_eq!(held.pid, first.pid());
+            assert_eq!(granted.pid, second.pid());
+        }
+        other => panic!("expected an overlap, got {other}"),
+    }
 }
