@@ -2,7 +2,7 @@
 //! floor a lock library competes with).
 //!
 //! ```text
-//! cargo run --release -p lock-tests --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
+//! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
 //!     [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
