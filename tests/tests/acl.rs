@@ -1,32 +1,36 @@
-//! The behaviour suite once more as a least-privilege ACL user, and a wrong password.
+//! The behaviour suite once more as a least-privilege ACL user, and a prefix outside its rights.
+//! (A wrong password, for this user and others, is in faults.rs.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
+use lock_tests::{RedisServer, ServerOptions};
 
-behaviour_tests!(behaviour::Fx::redis_acl());
+/// The least-privilege ACL user the README documents: its scripts, pub/sub on its channels, keys
+/// and channels under its prefix.
+const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
+     +evalsha +eval +script|load +subscribe +unsubscribe +ping +select \
+     +set +get +del +incr +pexpire +pttl +publish +time";
 
-#[tokio::test]
-async fn wrong_password_is_an_auth_error_not_contention() {
-    let fx = behaviour::Fx::redis_acl();
-    let server = fx.server.as_ref().unwrap();
-    let client = LockClient::new(LockConfig::single(server.url_as("locker", "wrong"))).unwrap();
-    match client.lock("acl:wrongpw").acquire().await {
-        Err(LockError::Unavailable { causes, .. }) => {
-            assert_eq!(causes.len(), 1);
-            assert_eq!(causes[0].kind, FailureKind::Auth, "{causes:?}");
-            let shown = format!("{causes:?} {}", causes[0]);
-            assert!(!shown.contains("wrong"), "{shown}");
-        }
-        other => panic!("expected an auth failure, got {other:?}"),
-    }
+fn server() -> RedisServer {
+    RedisServer::start_with(ServerOptions {
+        acl_rules: vec![ACL_RULE.to_owned()],
+        ..ServerOptions::default()
+    })
 }
+
+fn fixture() -> behaviour::Fx {
+    let server = server();
+    let url = server.url_as("locker", "lockpw");
+    behaviour::Fx::new(LockConfig::single(url), vec![server])
+}
+
+behaviour_tests!(fixture());
 
 #[tokio::test]
 async fn a_prefix_outside_the_acl_is_a_permission_error() {
-    let fx = behaviour::Fx::redis_acl();
-    let server = fx.server.as_ref().unwrap();
+    let server = server();
     let client =
         LockClient::new(LockConfig::single(server.url_as("locker", "lockpw")).key_prefix("other:"))
             .unwrap();

@@ -4,12 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockConfig, LockError, distributed_lock};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{
+    RedisServer, Worker, finish_all, lock_keys, unique_key, wait_until, wait_until_async,
+};
 
 static BODY_RUNS: AtomicU32 = AtomicU32::new(0);
 static FINISHED: AtomicBool = AtomicBool::new(false);
@@ -109,8 +110,9 @@ fn increment_sync(id: &str, conn: &mut redis::Connection) -> Result<(), LockErro
     Ok(())
 }
 
+/// The Redis lock key of `attr:<id>`, the key template of every fn here.
 fn lock_key(id: &str) -> String {
-    format!("lock:{{attr:{id}}}")
+    lock_keys(&format!("attr:{id}")).lock
 }
 
 fn delete_lock_key(url: &str, id: &str) {
@@ -122,14 +124,11 @@ fn delete_lock_key(url: &str, id: &str) {
     assert_eq!(deleted, 1);
 }
 
-/// Polls (bounded) until the lock key is gone; returns how long it took.
+/// Waits (bounded) until the lock key is gone; returns how long it took.
 fn wait_free(server: &RedisServer, id: &str) -> Duration {
-    let start = Instant::now();
-    while server.keys(&lock_key(id)).len() == 1 {
-        assert!(start.elapsed() < Duration::from_secs(5), "{id} still held");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    start.elapsed()
+    wait_until(Duration::from_secs(5), "the lock key is gone", || {
+        server.keys(&lock_key(id)).is_empty()
+    })
 }
 
 #[test]
@@ -162,11 +161,10 @@ fn the_attribute_on_redis() {
             let id = id.clone();
             async move { long_async(&id, Duration::from_secs(2)).await }
         });
-        let start = Instant::now();
-        while server.keys(&lock_key(&id)).is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5));
-            tokio::task::yield_now().await;
-        }
+        wait_until_async(Duration::from_secs(5), "the body holds the lock", || {
+            !server.keys(&lock_key(&id)).is_empty()
+        })
+        .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(matches!(quick(&id).await, Err(LockError::Contended { .. })));
         assert!(body.await.unwrap().unwrap() > 0);
@@ -213,11 +211,14 @@ fn the_attribute_on_redis() {
     assert!(caught.is_err());
     eprintln!("free after panic: {:?}", wait_free(&server, &id));
 
-    // Mixed callers in this process: 4 async tasks and 2 threads, 40 increments each.
+    // Mixed callers in this process: 4 async tasks and 2 threads, 40 increments each, all done
+    // within one bound (each call could wait 20s for the lock; together they take about a second).
     let id = unique_key("mixed");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let threads: Vec<_> = (0..2)
         .map(|_| {
-            let (id, url) = (id.clone(), url.clone());
+            let (id, url, done_tx) = (id.clone(), url.clone(), done_tx.clone());
             std::thread::spawn(move || {
                 let mut conn = redis::Client::open(url.as_str())
                     .unwrap()
@@ -226,9 +227,11 @@ fn the_attribute_on_redis() {
                 for _ in 0..40 {
                     increment_sync(&id, &mut conn).unwrap();
                 }
+                done_tx.send(()).unwrap();
             })
         })
         .collect();
+    drop(done_tx);
     rt.block_on(async {
         let tasks: Vec<_> = (0..4)
             .map(|_| {
@@ -240,10 +243,19 @@ fn the_attribute_on_redis() {
                 })
             })
             .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
+        tokio::time::timeout_at(deadline.into(), async {
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+        .await
+        .expect("the async callers did not finish in time");
     });
+    for _ in &threads {
+        done_rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("a sync caller failed or did not finish in time");
+    }
     for thread in threads {
         thread.join().unwrap();
     }
@@ -255,26 +267,22 @@ fn the_attribute_on_redis() {
 
     // Across processes: 4 workers calling a sync locked fn on this single node.
     let id = unique_key("processes");
-    let workers: Vec<_> = (0..4)
+    let mut workers: Vec<Worker> = (0..4)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_redlock_worker"))
-                .args([url.as_str(), url.as_str(), id.as_str(), id.as_str(), "25"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            Worker::spawn(
+                env!("CARGO_BIN_EXE_redlock_worker"),
+                &[url.as_str(), url.as_str(), id.as_str(), id.as_str(), "25"],
+            )
         })
         .collect();
-    // All four run at once; each finishes within its 25 x (30s wait) bound by construction, and the
-    // test harness's own timeout covers a hang.
-    for worker in workers {
-        let out = worker.wait_with_output().unwrap();
+    // 100 short critical sections: seconds at most; a hang is killed and fails here.
+    for out in finish_all(&mut workers, Duration::from_secs(60)) {
+        out.assert_success("redlock_worker");
         assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+            out.stdout.iter().any(|l| l.contains("violations=0 lost=0")),
+            "{:?}",
+            out.stdout
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("violations=0 lost=0"));
     }
     let total: i64 = redis::cmd("GET")
         .arg(format!("{id}:counter"))

@@ -8,18 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{FaultProxy, RedisServer, unique_key};
-
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.admin())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
+use lock_tests::{FaultProxy, RedisServer, lock_keys, unique_key, wait_until_async};
 
 /// A waiter on a lock that stays held sleeps between attempts (jittered backoff up to 8x
 /// `retry_delay`, never past the holder's TTL) instead of polling: a 3s wait costs a handful of
@@ -30,13 +19,13 @@ async fn waiting_is_not_a_polling_storm() {
     let client = LockClient::new(LockConfig::single(server.url())).unwrap();
     let key = unique_key("contention:storm");
     let held = client.lock(&key).acquire().await.unwrap();
-    let before = evalsha_calls(&server);
+    let before = server.command_calls("evalsha");
     let wait = Duration::from_secs(3);
     match client.lock(&key).wait(wait).acquire().await {
         Err(LockError::Contended { waited, .. }) => assert!(waited >= wait),
         other => panic!("expected Contended, got {other:?}"),
     }
-    let attempts = evalsha_calls(&server) - before;
+    let attempts = server.command_calls("evalsha") - before;
     eprintln!("attempts during a 3s wait: {attempts}");
     // 100ms doubling to 800ms, jittered: about 7; a 10ms poll would be 300.
     assert!(attempts <= 15, "{attempts} attempts in 3s");
@@ -87,7 +76,7 @@ async fn a_lost_notification_connection_does_not_strand_a_waiter() {
     let waiter = LockClient::new(LockConfig::single(proxy.url())).unwrap();
     let key = unique_key("contention:cut");
     let held = holder.lock(&key).acquire().await.unwrap();
-    let channel = format!("lock:{{{key}}}:released");
+    let channel = lock_keys(&key).channel;
     let k = key.clone();
     let waiting = tokio::spawn(async move {
         waiter
@@ -96,20 +85,10 @@ async fn a_lost_notification_connection_does_not_strand_a_waiter() {
             .acquire()
             .await
     });
-    // Bounded wait until the waiter is subscribed, i.e. waiting.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut server.admin())
-            .unwrap();
-        if subs.first().is_some_and(|(_, n)| *n > 0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiter never subscribed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until_async(Duration::from_secs(5), "the waiter subscribed", || {
+        server.subscribers(&channel) > 0
+    })
+    .await;
     proxy.cut_all();
     let released_at = Instant::now();
     held.release().await.unwrap();

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_tests::{FaultProxy, RedisCluster, RedisServer, ServerOptions, free_port, unique_key};
+use lock_tests::{FaultProxy, RedisMasters, RedisServer, ServerOptions, free_port, unique_key};
 use redis::{Connection, RedisResult};
 
 fn connect(url: &str, timeout: Duration) -> RedisResult<Connection> {
@@ -210,26 +210,26 @@ fn acl_rule_restricts_user() {
 }
 
 #[test]
-fn cluster_has_distinct_independent_nodes() {
-    let cluster = RedisCluster::start(3);
-    assert_eq!(cluster.nodes.len(), 3);
-    let mut ports: Vec<u16> = cluster.nodes.iter().map(RedisServer::port).collect();
+fn masters_are_distinct_independent_nodes() {
+    let masters = RedisMasters::start(3);
+    assert_eq!(masters.nodes.len(), 3);
+    let mut ports: Vec<u16> = masters.nodes.iter().map(RedisServer::port).collect();
     ports.sort_unstable();
     ports.dedup();
     assert_eq!(ports.len(), 3, "ports not distinct: {ports:?}");
-    let urls = cluster.urls();
+    let urls = masters.urls();
     assert_eq!(urls.len(), 3);
-    assert_eq!(urls[1], cluster.nodes[1].url());
+    assert_eq!(urls[1], masters.nodes[1].url());
 
-    let key = unique_key("harness:cluster");
+    let key = unique_key("harness:masters");
     let () = redis::cmd("SET")
         .arg(&key)
         .arg(1)
-        .query(&mut cluster.nodes[0].admin())
+        .query(&mut masters.nodes[0].admin())
         .unwrap();
-    assert_eq!(cluster.nodes[0].keys("*"), vec![key]);
-    assert!(cluster.nodes[1].keys("*").is_empty());
-    assert!(cluster.nodes[2].keys("*").is_empty());
+    assert_eq!(masters.nodes[0].keys("*"), vec![key]);
+    assert!(masters.nodes[1].keys("*").is_empty());
+    assert!(masters.nodes[2].keys("*").is_empty());
 }
 
 #[test]

@@ -6,7 +6,13 @@ mod behaviour;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 
-behaviour_tests!(behaviour::Fx::redis_hosted());
+fn fixture() -> behaviour::Fx {
+    let server = lock_tests::RedisServer::start();
+    let config = LockConfig::single(server.url()).runtime(tokio::runtime::Handle::current());
+    behaviour::Fx::new(config, vec![server])
+}
+
+behaviour_tests!(fixture());
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_current_thread_runtime_is_refused() {

@@ -3,4 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
-behaviour_tests!(behaviour::Fx::memory());
+use lock_runtime::LockConfig;
+
+// Hosted on the test's runtime: see `Fx::new`.
+behaviour_tests!(behaviour::Fx::new(
+    LockConfig::in_memory().runtime(tokio::runtime::Handle::current()),
+    Vec::new()
+));

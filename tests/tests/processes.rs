@@ -1,71 +1,18 @@
 //! Several OS processes contending for one lock on one Redis node: mutual exclusion of a
-//! read-modify-write counter, sync and async callers mixed, and fencing tokens that only grow.
+//! read-modify-write counter, sync and async callers mixed, and fencing tokens that only grow,
+//! proven from the grant history every worker records (and the history checker shown to fail).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
-use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{RedisServer, Worker, finish_all, history, lock_keys, unique_key, wait_until};
 
 const WORKERS: usize = 6;
 const ITERATIONS: u64 = 100;
 const WORKERS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A child whose stdout and stderr are drained by threads (so a chatty child never blocks on a
-/// full pipe), killed if still running when dropped.
-struct Worker {
-    mode: &'static str,
-    child: Child,
-    stdout: Option<JoinHandle<String>>,
-    stderr: Option<JoinHandle<String>>,
-}
-
-impl Worker {
-    fn spawn(url: &str, lock_key: &str, data: &str, mode: &'static str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_counter_worker"))
-            .args([url, lock_key, data, &ITERATIONS.to_string(), mode])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn counter_worker");
-        let stdout = drain(child.stdout.take().expect("piped stdout"));
-        let stderr = drain(child.stderr.take().expect("piped stderr"));
-        Worker {
-            mode,
-            child,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-        }
-    }
-
-    /// Output of a finished child (the pipes are closed once it exited).
-    fn output(&mut self) -> (String, String) {
-        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
-        (join(self.stdout.take()), join(self.stderr.take()))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn drain(mut pipe: impl std::io::Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        let _ = pipe.read_to_string(&mut text);
-        text
-    })
-}
 
 #[test]
 fn six_processes_increment_a_counter_without_overlap() {
@@ -74,80 +21,59 @@ fn six_processes_increment_a_counter_without_overlap() {
     let data = unique_key("processes:data");
 
     let started = Instant::now();
-    let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|i| {
-            let mode = if i % 2 == 0 { "sync" } else { "async" };
-            Worker::spawn(&server.url(), &lock_key, &data, mode)
+    let modes: Vec<&str> = (0..WORKERS)
+        .map(|i| if i % 2 == 0 { "sync" } else { "async" })
+        .collect();
+    let mut workers: Vec<Worker> = modes
+        .iter()
+        .map(|mode| {
+            Worker::spawn(
+                env!("CARGO_BIN_EXE_counter_worker"),
+                &[
+                    server.url().as_str(),
+                    &lock_key,
+                    &data,
+                    &ITERATIONS.to_string(),
+                    mode,
+                ],
+            )
         })
         .collect();
-
     // Bounded wait for all of them; on timeout every child is killed (Drop) and the test fails.
-    let deadline = started + WORKERS_TIMEOUT;
-    let mut statuses = vec![None; WORKERS];
-    while statuses.iter().any(Option::is_none) {
-        for (worker, status) in workers.iter_mut().zip(statuses.iter_mut()) {
-            if status.is_none() {
-                *status = worker.child.try_wait().expect("try_wait on a worker");
-            }
-        }
-        if Instant::now() >= deadline {
-            let unfinished = statuses.iter().filter(|s| s.is_none()).count();
-            drop(workers);
-            panic!("{unfinished} workers still running after {WORKERS_TIMEOUT:?}; killed");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    let outputs = finish_all(&mut workers, WORKERS_TIMEOUT);
     let took = started.elapsed();
 
-    let mut fences = Vec::new();
+    let mut grants = Vec::new();
     let mut violations = 0;
     let mut lost = 0;
-    for (worker, status) in workers.iter_mut().zip(&statuses) {
-        let (stdout, stderr) = worker.output();
-        let status = status.expect("finished");
-        assert!(
-            status.success(),
-            "{} worker exited with {status}\nstdout tail: {}\nstderr: {stderr}",
-            worker.mode,
-            stdout.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
-        );
-        let mut own = Vec::new();
-        for line in stdout.lines() {
-            if let Some(n) = line.strip_prefix("fence ") {
-                own.push(n.parse::<u64>().expect("fence number"));
-            } else if let Some(rest) = line.strip_prefix("violations=") {
-                let (v, l) = rest.split_once(" lost=").expect("summary line");
-                violations += v.parse::<u64>().expect("violations");
-                lost += l.parse::<u64>().expect("lost");
-            }
-        }
+    for (out, mode) in outputs.iter().zip(&modes) {
+        out.assert_success(&format!("{mode} worker"));
+        let own = history::grants(&out.stdout);
         assert_eq!(
             own.len(),
             usize::try_from(ITERATIONS).unwrap(),
-            "{} worker reported {} grants\nstderr: {stderr}",
-            worker.mode,
-            own.len()
+            "{mode} worker reported {} grants\nstderr: {}",
+            own.len(),
+            out.stderr
         );
-        assert!(
-            own.windows(2).all(|w| w[0] < w[1]),
-            "fencing tokens seen by one {} worker are not increasing: {own:?}",
-            worker.mode
-        );
-        fences.extend(own);
+        let (v, l) = history::summary(&out.stdout);
+        violations += v;
+        lost += l;
+        grants.extend(own);
     }
 
     let counter: Option<i64> = redis::cmd("GET")
         .arg(format!("{data}:counter"))
         .query(&mut server.admin())
         .unwrap();
-    let distinct: BTreeSet<u64> = fences.iter().copied().collect();
+    let fences: BTreeSet<u64> = grants.iter().map(|g| g.fence).collect();
     eprintln!(
         "{WORKERS} processes x {ITERATIONS} increments: {took:?} in total, {:.2} ms per grant \
          (hand-off included), counter {counter:?}, violations {violations}, lost {lost}, \
          fences {}..={}",
         took.as_secs_f64() * 1000.0 / (WORKERS as f64 * ITERATIONS as f64),
-        distinct.first().copied().unwrap_or(0),
-        distinct.last().copied().unwrap_or(0),
+        fences.first().copied().unwrap_or(0),
+        fences.last().copied().unwrap_or(0),
     );
     assert_eq!(violations, 0, "critical sections overlapped");
     assert_eq!(lost, 0, "locks were lost during short critical sections");
@@ -157,16 +83,15 @@ fn six_processes_increment_a_counter_without_overlap() {
         "increments were lost: mutual exclusion broken"
     );
     assert!(
-        fences.iter().all(|&f| f > 0),
+        grants.iter().all(|g| g.fence > 0),
         "a grant had no fencing token"
     );
-    assert_eq!(
-        distinct.len(),
-        fences.len(),
-        "two grants across processes carried the same fencing token"
-    );
+    // No two grants at once, tokens strictly growing in grant order, across all processes.
+    if let Err(violation) = history::check(&grants) {
+        panic!("{violation}");
+    }
     assert!(
-        server.keys(&format!("lock:{{{lock_key}}}")).is_empty(),
+        server.keys(&lock_keys(&lock_key).lock).is_empty(),
         "the lock is still held after every worker released it"
     );
 }
@@ -206,5 +131,61 @@ async fn fencing_tokens_strictly_increase_across_1000_grants() {
         "1000 sequential grants in {:?} (last fencing token {last})",
         started.elapsed()
     );
-    assert!(server.keys(&format!("lock:{{{key}}}")).is_empty());
+    assert!(server.keys(&lock_keys(&key).lock).is_empty());
+}
+
+/// The history checker can fail: a worker's lock key is deleted while it is inside its critical
+/// section (held for 3s), a second worker is granted the lock meanwhile, and the checker names
+/// exactly these two grants.
+#[test]
+fn the_history_checker_reports_a_double_grant() {
+    let server = RedisServer::start();
+    let lock_key = unique_key("processes:double");
+    let data = unique_key("processes:double-data");
+    let worker = |hold: &[&str]| {
+        let mut args = vec![server.url(), lock_key.clone(), data.clone(), "1".into()];
+        args.extend(["sync"].iter().chain(hold).map(|s| (*s).to_owned()));
+        Worker::spawn(env!("CARGO_BIN_EXE_counter_worker"), &args)
+    };
+    let mut first = worker(&["3000"]);
+    let mut admin = server.admin();
+    wait_until(Duration::from_secs(20), "the first worker inside", || {
+        redis::cmd("GET")
+            .arg(format!("{data}:inside"))
+            .query::<Option<i64>>(&mut admin)
+            .unwrap()
+            == Some(1)
+    });
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(lock_keys(&lock_key).lock)
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(deleted, 1, "the first worker's lock key was not there");
+    let mut second = worker(&[]);
+    let second_out = second.finish(Duration::from_secs(20));
+    second_out.assert_success("second worker");
+    assert!(
+        first.is_running(),
+        "the first worker left its critical section before the second one got in"
+    );
+    let first_out = first.finish(Duration::from_secs(20));
+    first_out.assert_success("first worker");
+
+    let grants: Vec<_> = [&first_out, &second_out]
+        .iter()
+        .flat_map(|out| history::grants(&out.stdout))
+        .collect();
+    assert_eq!(grants.len(), 2, "{grants:?}");
+    let violation = history::check(&grants).expect_err("the checker missed the double grant");
+    eprintln!("{violation}");
+    match violation {
+        history::Violation::Overlap {
+            first: held,
+            second: granted,
+        } => {
+            assert_eq!(held.pid, first.pid());
+            assert_eq!(granted.pid, second.pid());
+        }
+        other => panic!("expected an overlap, got {other}"),
+    }
 }

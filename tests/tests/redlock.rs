@@ -1,19 +1,21 @@
 //! Redlock mode (five independent masters, quorum three) under node failures: a minority down or
-//! frozen, latency beyond validity, restarts, many racing clients, renewal and loss, cancellation,
-//! panics, contention versus failure, and several processes through `#[distributed_lock]`.
+//! frozen, latency beyond validity, restarts, many racing clients, loss by a majority, contention
+//! versus failure, and several processes through `#[distributed_lock]`. What every backend does
+//! (renewal, cancellation, panics, hand-off, fencing) is the behaviour suite, redlock_behaviour.rs.
 //!
 //! Latencies observed are printed with `eprintln!` (run with `--nocapture` to see them).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
-use lock_tests::{FaultProxy, RedisCluster, RedisServer, unique_key};
+use lock_tests::{
+    FaultProxy, RedisMasters, RedisServer, Worker, finish_all, history, lock_keys, unique_key,
+    wait_until_async,
+};
 
 const NODES: usize = 5;
 
@@ -33,12 +35,15 @@ fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
 }
 
 /// The Redis keys of lock `key` (lock, and fence counter if any) on `node`.
-fn lock_keys(node: &RedisServer, key: &str) -> Vec<String> {
-    node.keys(&format!("lock:{{{key}}}*"))
+fn keys_on(node: &RedisServer, key: &str) -> Vec<String> {
+    let keys = lock_keys(key);
+    let mut found = node.keys(&keys.lock);
+    found.extend(node.keys(&keys.fence));
+    found
 }
 
 fn holds(node: &RedisServer, key: &str) -> bool {
-    lock_keys(node, key).contains(&format!("lock:{{{key}}}"))
+    !node.keys(&lock_keys(key).lock).is_empty()
 }
 
 fn holders(nodes: &[&RedisServer], key: &str) -> usize {
@@ -47,62 +52,27 @@ fn holders(nodes: &[&RedisServer], key: &str) -> usize {
 
 /// A won acquire returns at the quorum; the slower nodes get the lock a moment later.
 async fn wait_on_all(nodes: &[&RedisServer], key: &str) {
-    let start = Instant::now();
-    let everywhere = eventually(Duration::from_secs(2), || {
+    let took = wait_until_async(Duration::from_secs(2), "the lock on every node", || {
         holders(nodes, key) == nodes.len()
     })
     .await;
-    assert!(
-        everywhere,
-        "the lock reached {} of {} nodes",
-        holders(nodes, key),
-        nodes.len()
-    );
-    eprintln!(
-        "redlock: lock on every node {:?} after the acquire returned",
-        start.elapsed()
-    );
+    eprintln!("redlock: lock on every node {took:?} after the acquire returned");
 }
 
 fn delete_lock(node: &RedisServer, key: &str) {
     let deleted: i64 = redis::cmd("DEL")
-        .arg(format!("lock:{{{key}}}"))
+        .arg(lock_keys(key).lock)
         .query(&mut node.admin())
         .unwrap();
     assert_eq!(deleted, 1, "the lock key was not on port {}", node.port());
 }
 
-/// Polls `cond` every 10ms until it holds or `within` has passed; true if it held.
-async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(ms(10)).await;
-    }
-}
-
 /// Waits until no node has any key of `key`; returns how long that took.
 async fn assert_no_keys_left(nodes: &[&RedisServer], key: &str, within: Duration) -> Duration {
-    let start = Instant::now();
-    let clean = eventually(within, || {
-        nodes.iter().all(|n| lock_keys(n, key).is_empty())
+    wait_until_async(within, "no lock key left on any node", || {
+        nodes.iter().all(|n| keys_on(n, key).is_empty())
     })
-    .await;
-    let left: Vec<_> = nodes
-        .iter()
-        .map(|n| (n.port(), lock_keys(n, key).len()))
-        .filter(|(_, keys)| *keys > 0)
-        .collect();
-    assert!(
-        clean,
-        "lock keys still present {within:?} later (port, keys): {left:?}"
-    );
-    start.elapsed()
+    .await
 }
 
 fn assert_unavailable(result: Result<LockGuard, LockError>, causes: usize) -> Vec<String> {
@@ -128,11 +98,11 @@ fn node_name(node: &RedisServer) -> String {
 
 #[tokio::test]
 async fn two_of_five_down_still_acquires_and_releases() {
-    let mut cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
-    cluster.nodes[3].stop();
-    cluster.nodes[4].stop();
-    let survivors: Vec<&RedisServer> = cluster.nodes[..3].iter().collect();
+    let mut masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
+    masters.nodes[3].stop();
+    masters.nodes[4].stop();
+    let survivors: Vec<&RedisServer> = masters.nodes[..3].iter().collect();
     let key = unique_key("redlock:minority-down");
 
     for round in 0..3 {
@@ -159,14 +129,14 @@ async fn two_of_five_down_still_acquires_and_releases() {
 
 #[tokio::test]
 async fn three_of_five_down_is_unavailable_within_a_second() {
-    let mut cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
-    let mut stopped: Vec<String> = cluster.nodes[2..].iter().map(node_name).collect();
+    let mut masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
+    let mut stopped: Vec<String> = masters.nodes[2..].iter().map(node_name).collect();
     stopped.sort();
-    for node in &mut cluster.nodes[2..] {
+    for node in &mut masters.nodes[2..] {
         node.stop();
     }
-    let survivors: Vec<&RedisServer> = cluster.nodes[..2].iter().collect();
+    let survivors: Vec<&RedisServer> = masters.nodes[..2].iter().collect();
     let key = unique_key("redlock:majority-down");
 
     for wait in [Duration::ZERO, ms(300)] {
@@ -212,17 +182,17 @@ async fn acquire_release_pairs(client: &LockClient, key: &str, n: usize) -> Vec<
 
 #[tokio::test]
 async fn frozen_node_keeps_latency_within_twice_healthy() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
+    let masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
     let key = unique_key("redlock:frozen");
 
     acquire_release_pairs(&client, &key, 5).await;
     let healthy = median(acquire_release_pairs(&client, &key, 30).await);
 
-    cluster.nodes[0].freeze();
+    masters.nodes[0].freeze();
     acquire_release_pairs(&client, &key, 3).await;
     let frozen = median(acquire_release_pairs(&client, &key, 30).await);
-    cluster.nodes[0].thaw();
+    masters.nodes[0].thaw();
 
     eprintln!(
         "redlock acquire+release median of 30: healthy {healthy:?}, one of five frozen {frozen:?}"
@@ -237,15 +207,15 @@ async fn frozen_node_keeps_latency_within_twice_healthy() {
 
 #[tokio::test]
 async fn latency_beyond_validity_never_reports_success() {
-    let cluster = RedisCluster::start(NODES);
-    let proxies: Vec<FaultProxy> = cluster.nodes[..3]
+    let masters = RedisMasters::start(NODES);
+    let proxies: Vec<FaultProxy> = masters.nodes[..3]
         .iter()
         .map(|n| FaultProxy::start(n.port()))
         .collect();
     let urls: Vec<String> = proxies
         .iter()
         .map(FaultProxy::url)
-        .chain(cluster.nodes[3..].iter().map(RedisServer::url))
+        .chain(masters.nodes[3..].iter().map(RedisServer::url))
         .collect();
     // (a) The slow nodes answer within the response timeout, but after the lock's validity.
     let patient = LockClient::new(
@@ -256,7 +226,7 @@ async fn latency_beyond_validity_never_reports_success() {
     .unwrap();
     // (b) The slow nodes time out.
     let impatient = client(urls);
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     let key = unique_key("redlock:slow");
     let ttl = ms(300);
 
@@ -311,23 +281,23 @@ async fn latency_beyond_validity_never_reports_success() {
 
 #[tokio::test]
 async fn node_restarted_empty_while_held_keeps_the_lock() {
-    let mut cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
+    let mut masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
     let key = unique_key("redlock:restart-held");
 
     let start = Instant::now();
     let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
-    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
-    cluster.nodes[0].restart();
-    assert!(!holds(&cluster.nodes[0], &key), "restarted without data");
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    masters.nodes[0].restart();
+    assert!(!holds(&masters.nodes[0], &key), "restarted without data");
     let remaining = Duration::from_secs(3).saturating_sub(start.elapsed());
     let lost = tokio::time::timeout(remaining, guard.lost()).await;
     assert!(lost.is_err(), "lost while a quorum of four still held it");
     assert!(!guard.is_lost());
-    let others: Vec<&RedisServer> = cluster.nodes[1..].iter().collect();
+    let others: Vec<&RedisServer> = masters.nodes[1..].iter().collect();
     assert_eq!(holders(&others, &key), 4, "renewed on the other four");
     guard.release().await.expect("still ours at release");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
 }
 
@@ -339,22 +309,22 @@ async fn node_restarted_empty_while_held_keeps_the_lock() {
 /// first holder only finds out at its next renewal.
 #[tokio::test]
 async fn restart_without_persistence_breaks_safety_documented_limit() {
-    let mut cluster = RedisCluster::start(NODES);
-    let first = client(cluster.urls());
-    let second = client(cluster.urls());
+    let mut masters = RedisMasters::start(NODES);
+    let first = client(masters.urls());
+    let second = client(masters.urls());
     let key = unique_key("redlock:restart-unsafe");
     let ttl = Duration::from_secs(15);
 
     // D and E down: the lock lives on exactly A, B and C.
-    cluster.nodes[3].stop();
-    cluster.nodes[4].stop();
+    masters.nodes[3].stop();
+    masters.nodes[4].stop();
     let held = first.lock(&key).ttl(ttl).acquire().await.unwrap();
     let acquired_at = Instant::now();
-    wait_on_all(&cluster.nodes[..3].iter().collect::<Vec<_>>(), &key).await;
-    cluster.nodes[3].restart();
-    cluster.nodes[4].restart();
+    wait_on_all(&masters.nodes[..3].iter().collect::<Vec<_>>(), &key).await;
+    masters.nodes[3].restart();
+    masters.nodes[4].restart();
     // A crashes and comes back at once, without its data: the lock is now on B and C only.
-    cluster.nodes[0].restart();
+    masters.nodes[0].restart();
 
     let stolen = second
         .lock(&key)
@@ -396,12 +366,12 @@ async fn sixteen_clients_never_overlap_and_every_round_has_a_winner() {
     const CLIENTS: usize = 16;
     const ROUNDS: usize = 200;
     const ROUND_WAIT: Duration = Duration::from_secs(5);
-    let cluster = RedisCluster::start(NODES);
+    let masters = RedisMasters::start(NODES);
     let key = Arc::new(unique_key("redlock:race"));
     let clients: Vec<LockClient> = (0..CLIENTS)
         .map(|_| {
             LockClient::new(
-                LockConfig::redlock(cluster.urls())
+                LockConfig::redlock(masters.urls())
                     .retry_delay(ms(10))
                     .connect_timeout(Duration::from_secs(2))
                     .response_timeout(Duration::from_secs(2)),
@@ -493,36 +463,21 @@ async fn sixteen_clients_never_overlap_and_every_round_has_a_winner() {
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
     let empty: Vec<usize> = (0..ROUNDS).filter(|r| winners[*r] == 0).collect();
     assert!(empty.is_empty(), "rounds nobody won: {empty:?}");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     assert_no_keys_left(&all, &key, Duration::from_secs(5)).await;
 }
 
-// --- 6. Renewal, loss, cancellation, panic; one node behaves like single-node mode. ----------
-
-#[tokio::test]
-async fn renewal_keeps_the_lock_well_past_its_ttl() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
-    let key = unique_key("redlock:renew");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
-    let guard = client.lock(&key).ttl(ms(500)).acquire().await.unwrap();
-    wait_on_all(&all, &key).await;
-    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
-    assert!(lost.is_err(), "lost while renewed");
-    assert_eq!(holders(&all, &key), NODES, "renewed on every node");
-    guard.release().await.unwrap();
-    assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
-}
+// --- 6. Loss by a majority or a minority; one node behaves like single-node mode. ------------
 
 #[tokio::test]
 async fn deleted_on_a_majority_is_lost_within_ttl() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
+    let masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
     let key = unique_key("redlock:loss-majority");
     let ttl = ms(1000);
     let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
-    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
-    for node in &cluster.nodes[..3] {
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    for node in &masters.nodes[..3] {
         delete_lock(node, &key);
     }
     let start = Instant::now();
@@ -539,81 +494,20 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
 
 #[tokio::test]
 async fn deleted_on_a_minority_is_not_lost() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
+    let masters = RedisMasters::start(NODES);
+    let client = client(masters.urls());
     let key = unique_key("redlock:loss-minority");
     let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
-    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
-    for node in &cluster.nodes[..2] {
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    for node in &masters.nodes[..2] {
         delete_lock(node, &key);
     }
     let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
     assert!(lost.is_err(), "lost although three of five still held it");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     assert!(holders(&all, &key) >= 3);
     guard.release().await.expect("still ours on a quorum");
     assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
-}
-
-#[tokio::test]
-async fn dropped_future_releases_on_every_node_promptly() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
-    let key = unique_key("redlock:cancel");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
-    let (acquired_tx, acquired_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move {
-            let guard = client
-                .lock(&key)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await;
-            let _ = acquired_tx.send(guard.is_ok());
-            let _guard = guard;
-            std::future::pending::<()>().await;
-        }
-    });
-    assert_eq!(acquired_rx.await, Ok(true));
-    wait_on_all(&all, &key).await;
-    task.abort();
-    assert!(task.await.unwrap_err().is_cancelled());
-    // ttl 30s: only the release on drop can clear the keys this fast.
-    let gone = assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
-    eprintln!("redlock cancellation: keys gone on all nodes {gone:?} after the drop");
-}
-
-#[tokio::test]
-async fn panic_while_held_releases_on_every_node_promptly() {
-    let cluster = RedisCluster::start(NODES);
-    let client = client(cluster.urls());
-    let key = unique_key("redlock:panic");
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
-    let task = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move {
-            let _guard = client
-                .lock(&key)
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap();
-            panic!("boom while holding the lock");
-        }
-    });
-    assert!(task.await.unwrap_err().is_panic());
-    let gone = assert_no_keys_left(&all, &key, Duration::from_secs(2)).await;
-    eprintln!("redlock panic: keys gone on all nodes {gone:?} after the panic");
-    // And the key is free again.
-    client
-        .lock(&key)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -625,10 +519,8 @@ async fn one_node_redlock_behaves_like_single_node() {
 
     let guard = first.lock(&key).acquire().await.unwrap();
     let fence = guard.fencing_token().expect("single node: fencing token");
-    assert_eq!(
-        lock_keys(&server, &key),
-        vec![format!("lock:{{{key}}}"), format!("lock:{{{key}}}:fence")]
-    );
+    let keys = lock_keys(&key);
+    assert_eq!(keys_on(&server, &key), vec![keys.lock, keys.fence]);
     assert!(matches!(
         second.lock(&key).acquire().await,
         Err(LockError::Contended { .. })
@@ -643,11 +535,11 @@ async fn one_node_redlock_behaves_like_single_node() {
 
 #[tokio::test]
 async fn held_key_is_contended_never_unavailable() {
-    let mut cluster = RedisCluster::start(NODES);
-    let holder = client(cluster.urls());
+    let mut masters = RedisMasters::start(NODES);
+    let holder = client(masters.urls());
     // Long timeouts: a contended answer that waited for the frozen nodes would show.
     let other = LockClient::new(
-        LockConfig::redlock(cluster.urls())
+        LockConfig::redlock(masters.urls())
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1)),
     )
@@ -659,24 +551,16 @@ async fn held_key_is_contended_never_unavailable() {
         .acquire()
         .await
         .unwrap();
-    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &key).await;
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
 
+    // (Healthy nodes answer Contended: the behaviour suite, redlock_behaviour.rs.)
     let contended = |result: Result<LockGuard, LockError>, what: &str| match result {
         Err(LockError::Contended { waited, .. }) => waited,
         other => panic!("{what}: expected Contended, got {other:?}"),
     };
-    for wait in [Duration::ZERO, ms(300)] {
-        let start = Instant::now();
-        let waited = contended(other.lock(&key).wait(wait).acquire().await, "healthy");
-        assert!(waited >= wait, "gave up after {waited:?} of {wait:?}");
-        eprintln!(
-            "redlock contended (wait {wait:?}): answered after {:?}",
-            start.elapsed()
-        );
-    }
     // Two nodes frozen: the three others answer "held" at once, no waiting for the frozen ones.
-    cluster.nodes[3].freeze();
-    cluster.nodes[4].freeze();
+    masters.nodes[3].freeze();
+    masters.nodes[4].freeze();
     let start = Instant::now();
     contended(other.lock(&key).acquire().await, "two of five frozen");
     let elapsed = start.elapsed();
@@ -685,20 +569,20 @@ async fn held_key_is_contended_never_unavailable() {
         elapsed < ms(500),
         "waited {elapsed:?} for frozen nodes (response timeout 1s)"
     );
-    cluster.nodes[3].thaw();
-    cluster.nodes[4].thaw();
+    masters.nodes[3].thaw();
+    masters.nodes[4].thaw();
     // Two nodes down: the three others still say "held".
-    cluster.nodes[3].stop();
-    cluster.nodes[4].stop();
+    masters.nodes[3].stop();
+    masters.nodes[4].stop();
     contended(other.lock(&key).acquire().await, "two of five down");
     guard.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn three_nodes_down_is_unavailable_never_contended() {
-    let cluster = RedisCluster::start(NODES);
-    let holder = client(cluster.urls());
-    let other = client(cluster.urls());
+    let masters = RedisMasters::start(NODES);
+    let holder = client(masters.urls());
+    let other = client(masters.urls());
     let free_key = unique_key("redlock:down-free");
     let held_key = unique_key("redlock:down-held");
     // Connect every node first, so the frozen ones time out rather than fail to connect.
@@ -716,13 +600,13 @@ async fn three_nodes_down_is_unavailable_never_contended() {
         .acquire()
         .await
         .unwrap();
-    wait_on_all(&cluster.nodes.iter().collect::<Vec<_>>(), &held_key).await;
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &held_key).await;
 
     // Frozen rather than stopped: the two live nodes answer first, the others only time out.
-    for node in &cluster.nodes[2..] {
+    for node in &masters.nodes[2..] {
         node.freeze();
     }
-    let mut frozen: Vec<String> = cluster.nodes[2..].iter().map(node_name).collect();
+    let mut frozen: Vec<String> = masters.nodes[2..].iter().map(node_name).collect();
     frozen.sort();
     for key in [&free_key, &held_key] {
         for wait in [Duration::ZERO, ms(300)] {
@@ -743,84 +627,20 @@ async fn three_nodes_down_is_unavailable_never_contended() {
             assert_eq!(failed, frozen);
         }
     }
-    for node in &cluster.nodes[2..] {
+    for node in &masters.nodes[2..] {
         node.thaw();
     }
 }
 
 // --- 8. Several processes through the attribute. --------------------------------------------
 
-/// A worker process whose output is drained by threads and which is killed if still running when
-/// dropped.
-struct Worker {
-    child: Child,
-    stdout: Option<JoinHandle<String>>,
-    stderr: Option<JoinHandle<String>>,
-}
-
-impl Worker {
-    fn spawn(args: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_redlock_worker"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn redlock_worker");
-        let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-            thread::spawn(move || {
-                let mut out = String::new();
-                let _ = pipe.read_to_string(&mut out);
-                out
-            })
-        };
-        let stdout = drain(Box::new(child.stdout.take().unwrap()));
-        let stderr = drain(Box::new(child.stderr.take().unwrap()));
-        Worker {
-            child,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-        }
-    }
-
-    /// Waits (bounded) for the exit; returns (success, stdout, stderr).
-    fn finish(&mut self, deadline: Instant) -> (bool, String, String) {
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            thread::sleep(ms(20));
-        };
-        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap()).unwrap_or_default();
-        (
-            status.is_some_and(|s| s.success()),
-            join(self.stdout.take()),
-            join(self.stderr.take()),
-        )
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 #[tokio::test]
 async fn six_processes_through_the_attribute_count_exactly() {
     const PROCESSES: usize = 6;
     const ITERATIONS: u64 = 60;
-    let cluster = RedisCluster::start(NODES);
+    let masters = RedisMasters::start(NODES);
     let data = RedisServer::start();
-    let urls = cluster.urls().join(",");
+    let urls = masters.urls().join(",");
     let lock_key = unique_key("redlock:processes");
     let prefix = unique_key("redlock-data");
     let data_url = data.url();
@@ -828,24 +648,26 @@ async fn six_processes_through_the_attribute_count_exactly() {
 
     let start = Instant::now();
     let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|_| Worker::spawn(&[&urls, &data_url, &lock_key, &prefix, &iterations]))
+        .map(|_| {
+            Worker::spawn(
+                env!("CARGO_BIN_EXE_redlock_worker"),
+                &[&urls, &data_url, &lock_key, &prefix, &iterations],
+            )
+        })
         .collect();
-    let deadline = start + Duration::from_secs(120);
     let mut violations = 0;
-    for worker in &mut workers {
-        let (ok, stdout, stderr) = worker.finish(deadline);
-        assert!(
-            ok,
-            "worker failed or timed out\nstdout: {stdout}\nstderr: {stderr}"
-        );
-        let line = stdout.trim();
-        let counts: Vec<u64> = line
-            .split(' ')
-            .filter_map(|kv| kv.split_once('=').and_then(|(_, v)| v.parse().ok()))
-            .collect();
-        assert_eq!(counts.len(), 2, "unexpected output: {line}");
-        violations += counts[0];
-        assert_eq!(counts[1], 0, "a worker lost its lock: {line}");
+    let mut grants = Vec::new();
+    for out in finish_all(&mut workers, Duration::from_secs(120)) {
+        out.assert_success("redlock_worker");
+        let (v, lost) = history::summary(&out.stdout);
+        violations += v;
+        assert_eq!(lost, 0, "a worker lost its lock: {:?}", out.stdout.last());
+        grants.extend(history::grants(&out.stdout));
+    }
+    assert_eq!(grants.len(), PROCESSES * ITERATIONS as usize);
+    // No two grants at once, fencing tokens (on in the workers) growing in grant order.
+    if let Err(violation) = history::check(&grants) {
+        panic!("{violation}");
     }
     let elapsed = start.elapsed();
     let counter: u64 = redis::cmd("GET")
@@ -859,14 +681,17 @@ async fn six_processes_through_the_attribute_count_exactly() {
     assert_eq!(violations, 0, "two processes were inside at once");
     assert_eq!(counter, PROCESSES as u64 * ITERATIONS);
     // The last release returned once a quorum confirmed it; the other nodes' releases may have
-    // died with the process, so their keys expire by the workers' ttl (2s).
-    let all: Vec<&RedisServer> = cluster.nodes.iter().collect();
-    let clean = all
-        .iter()
-        .filter(|n| lock_keys(n, &lock_key).is_empty())
-        .count();
+    // died with the process, so their keys expire by the workers' ttl (2s). (The fencing
+    // counters stay, as they must.)
+    let all: Vec<&RedisServer> = masters.nodes.iter().collect();
+    let clean = NODES - holders(&all, &lock_key);
     assert!(clean >= 3, "released on only {clean} nodes");
-    let gone = assert_no_keys_left(&all, &lock_key, Duration::from_secs(3)).await;
+    let gone = wait_until_async(
+        Duration::from_secs(3),
+        "the lock gone from every node",
+        || holders(&all, &lock_key) == 0,
+    )
+    .await;
     eprintln!("redlock processes: {clean}/5 nodes clean at exit, all {gone:?} later");
 }
 
@@ -877,9 +702,9 @@ async fn six_processes_through_the_attribute_count_exactly() {
 /// quorum that misses the node with the largest counter would hand out a smaller token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_grow_across_changing_quorums() {
-    let cluster = RedisCluster::start(5);
+    let masters = RedisMasters::start(5);
     let clients: Vec<LockClient> = (0..2)
-        .map(|_| LockClient::new(config(cluster.urls()).fencing(true)).expect("valid config"))
+        .map(|_| LockClient::new(config(masters.urls()).fencing(true)).expect("valid config"))
         .collect();
     let key = unique_key("redlock:fencing");
     let mut last = 0;
@@ -888,8 +713,8 @@ async fn fencing_tokens_grow_across_changing_quorums() {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         let a = (seed >> 33) as usize % 5;
         let b = (a + 1 + (seed >> 40) as usize % 4) % 5;
-        cluster.nodes[a].freeze();
-        cluster.nodes[b].freeze();
+        masters.nodes[a].freeze();
+        masters.nodes[b].freeze();
         let guard = clients[round % 2]
             .lock(&key)
             .wait(Duration::from_secs(5))
@@ -903,7 +728,7 @@ async fn fencing_tokens_grow_across_changing_quorums() {
         );
         last = token;
         guard.release().await.expect("release");
-        cluster.nodes[a].thaw();
-        cluster.nodes[b].thaw();
+        masters.nodes[a].thaw();
+        masters.nodes[b].thaw();
     }
 }

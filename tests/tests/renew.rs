@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisServer, unique_key};
+use lock_tests::{RedisServer, lock_keys, unique_key};
 
 /// 10,000 locks held at once by one client stay held: one driver renews them in pipelined
 /// batches, not one task and one round trip per lock.
@@ -37,28 +37,18 @@ async fn ten_thousand_locks_stay_held() {
         "{lost} of 10,000 locks lost after {:?}",
         held_since.elapsed()
     );
-    let mut admin = server.admin();
-    let calls: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut admin)
-        .unwrap();
-    let evalsha = calls
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .unwrap_or_default()
-        .to_owned();
-    eprintln!("after holding: {evalsha}");
+    eprintln!(
+        "after holding: {} EVALSHA calls",
+        server.command_calls("evalsha")
+    );
     let release_started = Instant::now();
     for guard in guards {
         guard.release().await.unwrap();
     }
     eprintln!("10,000 releases took {:?}", release_started.elapsed());
-    // Only the fencing counters stay (they must, to keep growing); no lock key is left.
-    let left: Vec<String> = server
-        .keys(&format!("lock:{{{ns}*"))
-        .into_iter()
-        .filter(|k| !k.ends_with(":fence"))
-        .collect();
+    // Only the fencing counters stay (they must, to keep growing); no lock key is left. The
+    // pattern is the lock key of the name `<ns>:*`: it matches lock keys only, not counters.
+    let left: Vec<String> = server.keys(&lock_keys(&format!("{ns}:*")).lock);
     assert!(
         left.is_empty(),
         "{} lock keys left, e.g. {:?}",
@@ -80,7 +70,7 @@ async fn renewal_extends_the_key_in_redis() {
     let until = Instant::now() + ttl * 4;
     while Instant::now() < until {
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(format!("lock:{{{key}}}"))
+            .arg(lock_keys(&key).lock)
             .query(&mut admin)
             .unwrap();
         lowest = lowest.min(pttl);

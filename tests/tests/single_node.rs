@@ -3,12 +3,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
-behaviour_tests!(behaviour::Fx::redis());
+fn fixture() -> behaviour::Fx {
+    let server = lock_tests::RedisServer::start();
+    behaviour::Fx::new(lock_runtime::LockConfig::single(server.url()), vec![server])
+}
+
+behaviour_tests!(fixture());
 
 /// A second runtime after the first is gone: the client lives on the library's runtime.
 #[test]
 fn works_across_successive_runtimes() {
-    let fx = behaviour::Fx::redis();
+    let fx = fixture();
     let key = lock_tests::unique_key("single:runtimes");
     for _ in 0..3 {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -41,7 +46,7 @@ async fn the_url_database_is_used() {
     let in_db = |db: i64, admin: &mut redis::Connection| -> i64 {
         let _: () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
         redis::cmd("EXISTS")
-            .arg(format!("lock:{{{key}}}"))
+            .arg(lock_tests::lock_keys(&key).lock)
             .query(admin)
             .unwrap()
     };

@@ -2,7 +2,7 @@
 //! floor a lock library competes with).
 //!
 //! ```text
-//! cargo run --release -p lock-tests --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
+//! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
 //!     [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
@@ -39,7 +39,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisCluster, RedisServer, unique_key};
+use lock_tests::{RedisMasters, RedisServer, unique_key};
 use redis::AsyncCommands as _;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{ExistenceCheck, Script, SetExpiry, SetOptions};
@@ -713,8 +713,8 @@ fn section_redlock(
     out: &mut String,
     summary: &mut Vec<String>,
 ) -> Res<()> {
-    let cluster = RedisCluster::start(5);
-    let urls = cluster.urls();
+    let masters = RedisMasters::start(5);
+    let urls = masters.urls();
     let _ = writeln!(
         out,
         "\n4. One acquire+release pair, sequential, own local servers (latency)"
@@ -771,9 +771,9 @@ fn section_redlock(
         );
         Ok::<_, BoxError>((single, five_stats, five))
     })?;
-    cluster.nodes[4].freeze();
+    masters.nodes[4].freeze();
     let frozen = runtime.block_on(pair_latencies(&five, opts.samples));
-    cluster.nodes[4].thaw();
+    masters.nodes[4].thaw();
     let frozen = Stats::of(frozen?);
     let _ = writeln!(out, "   {}", frozen.row("lock-runtime, 5 nodes, 1 frozen"));
     let ratio = five_stats.p50.as_secs_f64() / single.p50.as_secs_f64();

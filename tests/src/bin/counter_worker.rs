@@ -1,14 +1,14 @@
 //! Test helper for `tests/processes.rs`: read-modify-write increments of a Redis counter under a lock.
 //!
-//! Usage: `counter_worker <redis-url> <lock-key> <data-prefix> <iterations> <sync|async>`.
+//! Usage: `counter_worker <redis-url> <lock-key> <data-prefix> <iterations> <sync|async> [hold-ms]`.
 //!
 //! Each iteration takes the lock (wait 10s), then `INCR <data-prefix>:inside` (anything but 1 means
 //! another process is in the critical section: a violation), `GET <data-prefix>:counter`, sleeps
-//! 0-1ms, `SET` it to the value + 1, `DECR` the inside marker, and releases. `sync` uses
+//! 0-1ms (or `hold-ms`), `SET` it to the value + 1, `DECR` the inside marker, and releases. `sync` uses
 //! `acquire_blocking` from a plain `main` without any runtime; `async` runs on a tokio runtime
 //! built here (what `#[tokio::main]` expands to) and uses `acquire().await`.
 //!
-//! Prints one `fence <n>` line per grant, then `violations=<v> lost=<l>`. Exits with 0 when every
+//! Prints one `lock_tests::history::Grant` line per grant, then `violations=<v> lost=<l>`. Exits with 0 when every
 //! iteration ran (violations are reported, not an exit code), 2 on bad arguments, 3 on a lock or
 //! Redis error (with the error on stderr).
 
@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
+use lock_tests::history::{Grant, now_ns};
 
 const WAIT: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(5);
@@ -29,11 +30,12 @@ struct Args {
     counter: String,
     iterations: u64,
     asynchronous: bool,
+    hold: Option<Duration>,
 }
 
 #[derive(Default)]
 struct Report {
-    fences: Vec<u64>,
+    grants: Vec<Grant>,
     violations: u64,
     lost: u64,
 }
@@ -41,7 +43,7 @@ struct Report {
 fn main() -> ExitCode {
     let Some(args) = parse_args() else {
         eprintln!(
-            "usage: counter_worker <redis-url> <lock-key> <data-prefix> <iterations> <sync|async>"
+            "usage: counter_worker <redis-url> <lock-key> <data-prefix> <iterations> <sync|async> [hold-ms]"
         );
         return ExitCode::from(2);
     };
@@ -66,8 +68,8 @@ fn main() -> ExitCode {
     match outcome {
         Ok(report) => {
             let mut out = String::new();
-            for fence in &report.fences {
-                let _ = writeln!(out, "fence {fence}");
+            for grant in &report.grants {
+                let _ = writeln!(out, "{grant}");
             }
             let _ = writeln!(out, "violations={} lost={}", report.violations, report.lost);
             let mut stdout = std::io::stdout().lock();
@@ -89,8 +91,17 @@ fn main() -> ExitCode {
 
 fn parse_args() -> Option<Args> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, lock_key, data, iterations, mode] = args.as_slice() else {
-        return None;
+    let (url, lock_key, data, iterations, mode, hold) = match args.as_slice() {
+        [url, lock_key, data, iterations, mode] => (url, lock_key, data, iterations, mode, None),
+        [url, lock_key, data, iterations, mode, hold_ms] => (
+            url,
+            lock_key,
+            data,
+            iterations,
+            mode,
+            Some(Duration::from_millis(hold_ms.parse().ok()?)),
+        ),
+        _ => return None,
     };
     let asynchronous = match mode.as_str() {
         "sync" => false,
@@ -104,17 +115,25 @@ fn parse_args() -> Option<Args> {
         counter: format!("{data}:counter"),
         iterations: iterations.parse().ok()?,
         asynchronous,
+        hold,
     })
 }
 
-/// 0-999 µs, different per process and iteration (no RNG dependency needed).
-fn pause(i: u64) -> Duration {
-    Duration::from_micros((i * 7919 + u64::from(std::process::id()) * 104_729) % 1000)
+/// `hold-ms`, or 0-999 µs, different per process and iteration (no RNG dependency needed).
+fn pause(args: &Args, i: u64) -> Duration {
+    args.hold.unwrap_or_else(|| {
+        Duration::from_micros((i * 7919 + u64::from(std::process::id()) * 104_729) % 1000)
+    })
 }
 
-/// Records what one grant saw; `inside` is the INCR result on entry.
-fn check(report: &mut Report, guard: &LockGuard, inside: i64) {
-    report.fences.push(guard.fencing_token().unwrap_or(0));
+/// Records what one grant saw: `inside` is the INCR result on entry, `acquired_ns` when the
+/// acquire returned; called right before the release.
+fn check(report: &mut Report, guard: &LockGuard, inside: i64, acquired_ns: u64) {
+    report.grants.push(Grant::ending_now(
+        guard.key(),
+        guard.fencing_token(),
+        acquired_ns,
+    ));
     if inside != 1 {
         report.violations += 1;
         eprintln!(
@@ -148,10 +167,11 @@ fn run_sync(client: &LockClient, args: &Args) -> Result<Report, String> {
             .wait(WAIT)
             .acquire_blocking()
             .map_err(|e| format!("acquire #{i}: {e}"))?;
+        let acquired_ns = now_ns();
         let mut step = || -> redis::RedisResult<i64> {
             let inside: i64 = redis::cmd("INCR").arg(&args.inside).query(&mut con)?;
             let value: Option<i64> = redis::cmd("GET").arg(&args.counter).query(&mut con)?;
-            std::thread::sleep(pause(i));
+            std::thread::sleep(pause(args, i));
             let () = redis::cmd("SET")
                 .arg(&args.counter)
                 .arg(value.unwrap_or(0) + 1)
@@ -160,7 +180,7 @@ fn run_sync(client: &LockClient, args: &Args) -> Result<Report, String> {
             Ok(inside)
         };
         let inside = step().map_err(|e| format!("redis #{i}: {e}"))?;
-        check(&mut report, &guard, inside);
+        check(&mut report, &guard, inside, acquired_ns);
         released(&mut report, guard.release_blocking())?;
     }
     Ok(report)
@@ -181,6 +201,7 @@ async fn run_async(client: &LockClient, args: &Args) -> Result<Report, String> {
             .acquire()
             .await
             .map_err(|e| format!("acquire #{i}: {e}"))?;
+        let acquired_ns = now_ns();
         let step = async {
             let inside: i64 = redis::cmd("INCR")
                 .arg(&args.inside)
@@ -190,7 +211,7 @@ async fn run_async(client: &LockClient, args: &Args) -> Result<Report, String> {
                 .arg(&args.counter)
                 .query_async(&mut con)
                 .await?;
-            tokio::time::sleep(pause(i)).await;
+            tokio::time::sleep(pause(args, i)).await;
             let () = redis::cmd("SET")
                 .arg(&args.counter)
                 .arg(value.unwrap_or(0) + 1)
@@ -203,7 +224,7 @@ async fn run_async(client: &LockClient, args: &Args) -> Result<Report, String> {
             redis::RedisResult::Ok(inside)
         };
         let inside = step.await.map_err(|e| format!("redis #{i}: {e}"))?;
-        check(&mut report, &guard, inside);
+        check(&mut report, &guard, inside, acquired_ns);
         released(&mut report, guard.release().await)?;
     }
     Ok(report)

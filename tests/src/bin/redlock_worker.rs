@@ -6,13 +6,15 @@
 //! Each iteration calls a sync `#[distributed_lock]` fn (ttl 2s, wait 30s) whose body does, on the data
 //! server (not one of the lock nodes): `INCR <data-prefix>:inside` (anything but 1 means another
 //! process is in the critical section), `GET <data-prefix>:counter`, a short pause, `SET` it to the
-//! value + 1, `DECR` the inside marker. Prints `violations=<v> lost=<l>` and exits with 0 when every
-//! iteration ran, 2 on bad arguments, 3 on a lock or Redis error (on stderr).
+//! value + 1, `DECR` the inside marker. Fencing is on. Prints one `lock_tests::history::Grant` line
+//! per grant, then `violations=<v> lost=<l>`, and exits with 0 when every iteration ran, 2 on bad
+//! arguments, 3 on a lock or Redis error (on stderr).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use lock_runtime::{LockConfig, LockError, distributed_lock};
+use lock_tests::history::{Grant, now_ns};
 
 #[derive(Debug)]
 enum WorkerError {
@@ -43,6 +45,7 @@ impl From<redis::RedisError> for WorkerError {
 
 #[derive(Debug, Default)]
 struct Report {
+    grants: Vec<Grant>,
     violations: u64,
     lost: u64,
 }
@@ -55,6 +58,7 @@ fn increment(
     pause: Duration,
     report: &mut Report,
 ) -> Result<(), WorkerError> {
+    let acquired_ns = now_ns();
     let inside: i64 = redis::cmd("INCR")
         .arg(format!("{prefix}:inside"))
         .query(data)?;
@@ -75,6 +79,11 @@ fn increment(
     if held.is_lost() {
         report.lost += 1;
     }
+    report.grants.push(Grant::ending_now(
+        held.key(),
+        held.fencing_token(),
+        acquired_ns,
+    ));
     Ok(())
 }
 
@@ -90,7 +99,7 @@ fn main() -> ExitCode {
         eprintln!("redlock_worker: iterations must be a number");
         return ExitCode::from(2);
     };
-    if let Err(err) = lock_runtime::init(LockConfig::redlock(urls.split(','))) {
+    if let Err(err) = lock_runtime::init(LockConfig::redlock(urls.split(',')).fencing(true)) {
         eprintln!("redlock_worker: {err}");
         return ExitCode::from(2);
     }
@@ -110,6 +119,9 @@ fn main() -> ExitCode {
             eprintln!("redlock_worker ({}): {err}", std::process::id());
             return ExitCode::from(3);
         }
+    }
+    for grant in &report.grants {
+        println!("{grant}");
     }
     println!("violations={} lost={}", report.violations, report.lost);
     ExitCode::SUCCESS

@@ -4,3 +4,4 @@ pub(crate) mod levers;
 pub(crate) mod proxy;
 pub(crate) mod server;
 pub(crate) mod util;
+pub(crate) mod worker;

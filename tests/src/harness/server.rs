@@ -147,6 +147,32 @@ impl RedisServer {
         keys
     }
 
+    /// How many times `command` (lowercase, e.g. `evalsha`) ran since start, from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("INFO commandstats on port {} failed: {e}", self.port));
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| {
+                n.parse()
+                    .unwrap_or_else(|e| panic!("calls of {command} in {info:?}: {e}"))
+            })
+    }
+
+    /// `PUBSUB NUMSUB channel`: how many connections are subscribed to `channel`.
+    pub fn subscribers(&self, channel: &str) -> i64 {
+        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("PUBSUB NUMSUB on port {} failed: {e}", self.port));
+        subs.first().map_or(0, |(_, n)| *n)
+    }
+
     /// Kills the process (SIGKILL, so nothing is saved) and reaps it. Does nothing if already stopped.
     pub fn stop(&mut self) {
         if !self.kill_and_reap() {
@@ -279,14 +305,14 @@ impl Drop for RedisServer {
     }
 }
 
-/// N independent masters (not Redis Cluster mode), e.g. for Redlock.
+/// N independent masters (not a Redis Cluster: no replication, no slots), e.g. for Redlock.
 #[derive(Debug)]
-pub struct RedisCluster {
+pub struct RedisMasters {
     /// The servers, each on its own port.
     pub nodes: Vec<RedisServer>,
 }
 
-impl RedisCluster {
+impl RedisMasters {
     /// Starts `n` servers with default options.
     pub fn start(n: usize) -> Self {
         Self::start_with(n, &ServerOptions::default())
@@ -307,7 +333,7 @@ impl RedisCluster {
                 })
                 .collect()
         });
-        RedisCluster { nodes }
+        RedisMasters { nodes }
     }
 
     /// [`RedisServer::url`] of every node, in node order.

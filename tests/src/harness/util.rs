@@ -30,6 +30,57 @@ pub fn unique_key(prefix: &str) -> String {
     format!("{prefix}:{}:{n}:{nanos}", std::process::id())
 }
 
+/// The Redis keys of the lock `name` under the default prefix `lock:`, as the runtime lays them out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    /// The lock key itself (holds the owner's token while held).
+    pub lock: String,
+    /// The fencing counter.
+    pub fence: String,
+    /// The pub/sub channel a release is announced on.
+    pub channel: String,
+}
+
+/// The keys of lock `name` with the default prefix (the runtime's own layout, braces escaped).
+pub fn lock_keys(name: &str) -> LockKeys {
+    let [lock, fence, channel] = lock_runtime::__private::redis_keys("lock:", name);
+    LockKeys {
+        lock,
+        fence,
+        channel,
+    }
+}
+
+const POLL_EVERY: Duration = Duration::from_millis(2);
+
+/// Checks `cond` every 2ms until it holds and returns how long that took; panics naming `what`
+/// once `timeout` has passed. The condition is checked at least once, and once more at the deadline.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    poll_until(timeout, POLL_EVERY, || cond().then_some(()))
+        .unwrap_or_else(|| panic!("{what}: not so after {timeout:?}"));
+    start.elapsed()
+}
+
+/// [`wait_until`] for async code: sleeps on the tokio timer between checks, so other tasks of the
+/// calling runtime keep running.
+pub async fn wait_until_async(
+    timeout: Duration,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) -> Duration {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    loop {
+        if cond() {
+            return start.elapsed();
+        }
+        let now = Instant::now();
+        assert!(now < deadline, "{what}: not so after {timeout:?}");
+        tokio::time::sleep(POLL_EVERY.min(deadline - now)).await;
+    }
+}
+
 /// Calls `probe` every `every` until it returns `Some` or `timeout` has passed (then `None`).
 /// The probe runs at least once, and once more at the deadline.
 pub(crate) fn poll_until<T>(
