@@ -113,7 +113,11 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             let (subscriptions, needed) = self.backend.watch(self.name);
             let pending = FuturesUnordered::new();
             let mut keep = Vec::with_capacity(subscriptions.len());
-            for Subscription { confirmed, keep: undo } in subscriptions {
+            for Subscription {
+                confirmed,
+                keep: undo,
+            } in subscriptions
+            {
                 pending.push(confirmed);
                 keep.push(undo);
             }

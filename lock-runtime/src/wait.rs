@@ -151,12 +151,6 @@ mod tests {
             .await
             .unwrap_or_else(|_| panic!("not woken"));
         drop(handle);
-        assert!(
-            registry
-                .names
-                .lock()
-                .map(|c| c.is_empty())
-                .unwrap_or(false)
-        );
+        assert!(registry.names.lock().map(|c| c.is_empty()).unwrap_or(false));
     }
 }

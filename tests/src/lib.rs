@@ -25,8 +25,7 @@ mod harness;
 pub mod history;
 
 pub use harness::levers::{
-    BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, lock_key,
-    ping_error_code,
+    BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, ping_error_code,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};

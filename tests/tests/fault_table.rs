@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    FaultProxy, RedisCluster, RedisServer, ServerOptions, await_waiter, bounded, eventually,
-    key_exists, lock_key, unique_key,
+    FaultProxy, RedisMasters, RedisServer, ServerOptions, await_waiter, bounded, eventually,
+    key_exists, lock_keys, unique_key,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -81,7 +81,7 @@ async fn partition_before_acquire_is_unavailable_and_leaves_nothing() {
     // The held bytes reach Redis once the partition heals: whatever they granted is released.
     proxy.set_blackhole(false);
     let clean = eventually(Duration::from_secs(3), || {
-        !key_exists(&server, &lock_key(&key))
+        !key_exists(&server, &lock_keys(&key).lock)
     })
     .await;
     assert!(
@@ -144,7 +144,7 @@ async fn partition_during_release_answers_and_frees_by_ttl_at_the_latest() {
     );
     assert!(took < Duration::from_secs(2), "release took {took:?}");
     let freed = eventually(ttl + Duration::from_secs(1), || {
-        !key_exists(&server, &lock_key(&key))
+        !key_exists(&server, &lock_keys(&key).lock)
     })
     .await;
     proxy.set_blackhole(false);
@@ -156,7 +156,7 @@ async fn partition_during_release_answers_and_frees_by_ttl_at_the_latest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_majority_frozen_loses_the_lock_and_is_unavailable() {
-    let cluster = RedisCluster::start(5);
+    let cluster = RedisMasters::start(5);
     let config = || {
         LockConfig::redlock(cluster.urls())
             .connect_timeout(ms(200))
@@ -209,13 +209,13 @@ async fn restart_with_persistence_keeps_the_lock() {
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
     server.restart();
     assert!(
-        key_exists(&server, &lock_key(&key)),
+        key_exists(&server, &lock_keys(&key).lock),
         "the AOF lost the lock"
     );
     let lost = tokio::time::timeout(2 * ttl, guard.lost()).await;
     assert!(lost.is_err(), "lost across a restart that kept the key");
     guard.release().await.expect("still ours after the restart");
-    assert!(!key_exists(&server, &lock_key(&key)));
+    assert!(!key_exists(&server, &lock_keys(&key).lock));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +290,7 @@ async fn evicted_lock_key_is_reported_lost() {
     let mut admin = server.admin();
     let mut junk = 0u64;
     for _ in 0..100 {
-        if !key_exists(&server, &lock_key(&key)) {
+        if !key_exists(&server, &lock_keys(&key).lock) {
             break;
         }
         let mut pipe = redis::pipe();
@@ -306,7 +306,7 @@ async fn evicted_lock_key_is_reported_lost() {
         let _: redis::RedisResult<()> = pipe.query(&mut admin);
     }
     assert!(
-        !key_exists(&server, &lock_key(&key)),
+        !key_exists(&server, &lock_keys(&key).lock),
         "the lever failed: not evicted"
     );
     let evicted = Instant::now();
@@ -506,7 +506,7 @@ async fn acquire_cancelled_at_any_point_leaves_nothing() {
             continue;
         }
         let clean = eventually(Duration::from_secs(2), || {
-            !key_exists(&server, &lock_key(&key))
+            !key_exists(&server, &lock_keys(&key).lock)
         })
         .await;
         assert!(

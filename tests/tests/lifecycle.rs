@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use lock_runtime::__private::redis_keys;
 use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    BusyScript, FaultProxy, LoadingServer, RedisCluster, RedisServer, await_waiter, bounded,
-    eventually, key_exists, lock_key, unique_key,
+    BusyScript, FaultProxy, LoadingServer, RedisMasters, RedisServer, await_waiter, bounded,
+    eventually, key_exists, lock_keys, unique_key,
 };
 
 fn ms(n: u64) -> Duration {
@@ -152,7 +152,7 @@ async fn wait_bounds_ten_waiters_with_a_frozen_redlock_node() {
     let wait = ms(300);
     let timeout = ms(200);
     let bound = wait + timeout + ms(300);
-    let cluster = RedisCluster::start(5);
+    let cluster = RedisMasters::start(5);
     let config = || {
         LockConfig::redlock(cluster.urls())
             .connect_timeout(timeout)
@@ -337,16 +337,22 @@ async fn braced_and_plain_names_are_independent_locks() {
         .acquire()
         .await
         .expect("{x} is not the same lock as x");
-    assert_ne!(lock_key(&base), lock_key(&braced));
-    assert!(key_exists(&server, &lock_key(&base)) && key_exists(&server, &lock_key(&braced)));
+    assert_ne!(lock_keys(&base).lock, lock_keys(&braced).lock);
+    assert!(
+        key_exists(&server, &lock_keys(&base).lock)
+            && key_exists(&server, &lock_keys(&braced).lock)
+    );
     a.release().await.unwrap();
     assert!(
-        key_exists(&server, &lock_key(&braced)),
+        key_exists(&server, &lock_keys(&braced).lock),
         "releasing x released {{x}}"
     );
     b.release().await.unwrap();
     for name in [&base, &braced] {
-        assert!(!key_exists(&server, &lock_key(name)), "{name} left behind");
+        assert!(
+            !key_exists(&server, &lock_keys(name).lock),
+            "{name} left behind"
+        );
     }
 }
 
@@ -367,7 +373,7 @@ async fn a_name_shaped_like_a_fence_key_leaves_nothing_behind() {
     second.release().await.unwrap();
     for name in [&fence_shaped, &y] {
         assert!(
-            !key_exists(&server, &lock_key(name)),
+            !key_exists(&server, &lock_keys(name).lock),
             "lock key of {name} left behind"
         );
     }
@@ -597,10 +603,10 @@ async fn one_bad_item_in_a_renewal_batch_fails_only_itself() {
     let () = redis::pipe()
         .atomic()
         .cmd("DEL")
-        .arg(lock_key(&bad_key))
+        .arg(lock_keys(&bad_key).lock)
         .ignore()
         .cmd("HSET")
-        .arg(lock_key(&bad_key))
+        .arg(lock_keys(&bad_key).lock)
         .arg("f")
         .arg("v")
         .ignore()
@@ -646,11 +652,11 @@ async fn shutdown_releases_held_locks_and_waits_for_pending_releases() {
         .await
         .unwrap();
     assert!(
-        !key_exists(&server, &lock_key(&dropped)),
+        !key_exists(&server, &lock_keys(&dropped).lock),
         "a dropped guard's release was cut off"
     );
     assert!(
-        !key_exists(&server, &lock_key(&held)),
+        !key_exists(&server, &lock_keys(&held).lock),
         "a held lock survived shutdown"
     );
     assert!(guard.is_lost(), "the holder must see its lock gone");
@@ -740,7 +746,7 @@ async fn a_same_token_retry_after_the_counter_is_gone_still_has_a_token() {
         })
     };
     let landed = eventually(Duration::from_secs(5), || {
-        key_exists(&server, &lock_key(&key))
+        key_exists(&server, &lock_keys(&key).lock)
     })
     .await;
     assert!(landed, "the first attempt never reached the server");
@@ -871,9 +877,9 @@ async fn a_stale_acquire_after_a_reconnect_leaves_no_orphan() {
     tokio::time::sleep(ms(500)).await;
     server.thaw();
     let thawed = Instant::now();
-    let appeared = eventually(ms(300), || key_exists(&server, &lock_key(&key))).await;
+    let appeared = eventually(ms(300), || key_exists(&server, &lock_keys(&key).lock)).await;
     let gone = eventually(Duration::from_secs(3), || {
-        !key_exists(&server, &lock_key(&key))
+        !key_exists(&server, &lock_keys(&key).lock)
     })
     .await;
     eprintln!(

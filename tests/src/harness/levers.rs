@@ -203,11 +203,6 @@ impl Drop for LoadingServer {
     }
 }
 
-/// The Redis key of lock `name` under the default prefix `lock:`.
-pub fn lock_key(name: &str) -> String {
-    lock_runtime::__private::redis_keys("lock:", name)[0].clone()
-}
-
 /// `EXISTS key` as admin.
 pub fn key_exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")
@@ -240,18 +235,11 @@ pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T
 /// Waits (bounded) until someone subscribed to the release channel of lock `name` (default
 /// prefix), i.e. waits for it.
 pub async fn await_waiter(server: &RedisServer, name: &str) {
-    let channel = lock_runtime::__private::redis_keys("lock:", name)[2].clone();
-    let waiting = eventually(LEVER_TIMEOUT, || {
-        let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut server.admin())
-            .unwrap();
-        subs.first().is_some_and(|(_, n)| *n > 0)
-    })
+    let channel = crate::lock_keys(name).channel;
+    crate::wait_until_async(
+        LEVER_TIMEOUT,
+        "a waiter subscribed to the release channel",
+        || server.subscribers(&channel) > 0,
+    )
     .await;
-    assert!(
-        waiting,
-        "nobody subscribed to the release channel of {name}"
-    );
 }
