@@ -6,11 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{RedisServer, lock_keys, unique_key, wait_until_async};
+use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
+use lock_tests::{RedisServer, bounded, lock_keys, unique_key, wait_until_async};
 
 /// Between two attempts a waiter sleeps at least half of this (jitter 0.5), unless a release
 /// wakes it: long, so that a hand-off within a second can only be a wake-up.
@@ -97,6 +98,26 @@ impl Fx {
         waiting
     }
 
+    /// Starts `waiter` (a lock of `b` that waits, blocked on `blocked_on`), releases `held`, and
+    /// returns the waiter's guard, checking it was woken by the release: its next attempt was due
+    /// 2.5s or more later ([`RETRY_DELAY`]).
+    async fn hand_off(&self, held: LockGuard, blocked_on: &str, waiter: Lock) -> LockGuard {
+        let waiter = self
+            .start_waiter(blocked_on, async move {
+                let guard = waiter.acquire().await;
+                (Instant::now(), guard)
+            })
+            .await;
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let (got_at, guard) = waiter.await.unwrap();
+        let guard = guard.unwrap();
+        assert!(got_at >= released_at);
+        eprintln!("hand-off after release: {:?}", got_at - released_at);
+        assert!(got_at - released_at < Duration::from_secs(2));
+        guard
+    }
+
     /// Waits (bounded) until no node has the lock key of `key` any more, then until `b` can take
     /// and release it; returns how long both took.
     async fn time_until_free(&self, key: &str) -> Duration {
@@ -173,22 +194,8 @@ pub(crate) async fn contention_error_and_waited(fx: &Fx) {
 pub(crate) async fn waiter_gets_lock_right_after_release(fx: &Fx) {
     let key = unique_key("beh:handoff");
     let held = fx.a.lock(&key).acquire().await.unwrap();
-    let b = fx.b.clone();
-    let k = key.clone();
-    let waiter = fx
-        .start_waiter(&key, async move {
-            let guard = b.lock(&k).wait(Duration::from_secs(10)).acquire().await;
-            (Instant::now(), guard)
-        })
-        .await;
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    let (got_at, guard) = waiter.await.unwrap();
-    let guard = guard.unwrap();
-    assert!(got_at >= released_at);
-    eprintln!("hand-off after release: {:?}", got_at - released_at);
-    // Woken by the release: its next attempt was due 2.5s or more later (RETRY_DELAY).
-    assert!(got_at - released_at < Duration::from_secs(2));
+    let waiter = fx.b.lock(&key).wait(Duration::from_secs(10));
+    let guard = fx.hand_off(held, &key, waiter).await;
     guard.release().await.unwrap();
 }
 
@@ -339,16 +346,528 @@ pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     let own = fx.client_with(|config| config);
     let guard = own.lock(&key).acquire().await.unwrap();
     assert!(!guard.is_lost());
-    let shutting = own.clone();
-    tokio::task::spawn_blocking(move || shutting.shutdown())
-        .await
-        .unwrap();
+    shut_down(&own).await;
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("loss not signalled");
     assert!(guard.is_lost());
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     assert_eq!(fx.holders(&key), 0);
+}
+
+/// Commands of the lock protocol a node has run so far (scripts, plain key commands, pub/sub),
+/// not the harness's own `INFO` and connection set-up.
+const LOCK_COMMANDS: [&str; 12] = [
+    "evalsha",
+    "eval",
+    "evalsha_ro",
+    "eval_ro",
+    "fcall",
+    "set",
+    "get",
+    "del",
+    "incr",
+    "pexpire",
+    "publish",
+    "subscribe",
+];
+
+/// Two keys `<base>:a` < `<base>:b` no other check uses.
+fn two_keys(prefix: &str) -> (String, String) {
+    let base = unique_key(prefix);
+    (format!("{base}:a"), format!("{base}:b"))
+}
+
+/// A body that never ends and reports, through the returned flag, that it was dropped.
+fn endless_body(
+    dropped: &std::sync::Arc<AtomicBool>,
+    started: tokio::sync::oneshot::Sender<()>,
+) -> impl Future<Output = Result<u32, LockError>> + Send + 'static {
+    let on_drop = SetOnDrop(std::sync::Arc::clone(dropped));
+    async move {
+        let _on_drop = on_drop;
+        let _ = started.send(());
+        std::future::pending::<()>().await;
+        Ok(0)
+    }
+}
+
+struct SetOnDrop(std::sync::Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Fx {
+    /// [`LOCK_COMMANDS`] run so far, summed over the nodes (0 in memory).
+    fn lock_commands(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|node| {
+                LOCK_COMMANDS
+                    .iter()
+                    .map(|c| node.command_calls(c))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Waits (bounded) until no node has a lock key of any of `keys`.
+    async fn all_free(&self, keys: &[&str]) {
+        wait_until_async(Duration::from_secs(2), "released on every node", || {
+            keys.iter().all(|key| self.holders(key) == 0)
+        })
+        .await;
+    }
+
+    /// [`all_free`](Self::all_free), then `b` takes and releases each key at once (wait 0).
+    async fn free_now(&self, keys: &[&str]) {
+        self.all_free(keys).await;
+        for key in keys {
+            let guard = self.b.lock(*key).acquire().await;
+            let guard = guard.unwrap_or_else(|e| panic!("{key} not free: {e}"));
+            guard.release().await.unwrap();
+        }
+    }
+}
+
+/// `client` runs an empty body under `key` with wait 0: `Ok` if it joined or got the lock.
+async fn run_now(client: LockClient, key: String, reentrant: bool) -> Result<(), LockError> {
+    let lock = client.lock(key).reentrant(reentrant).wait(Duration::ZERO);
+    lock.run(async { Ok(()) }).await
+}
+
+/// [`run_now`] from sync code.
+fn run_now_blocking(client: &LockClient, key: &str, reentrant: bool) -> Result<(), LockError> {
+    let lock = client.lock(key).reentrant(reentrant).wait(Duration::ZERO);
+    lock.run_blocking(|| Ok(()))
+}
+
+/// Nested `run` calls `depth` deep on `key` through `client`, each with wait 0: the innermost
+/// returns 0, each level adds 1.
+fn nested_chain(
+    client: LockClient,
+    key: String,
+    depth: u32,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<u32, LockError>> + Send>> {
+    Box::pin(async move {
+        let inner_client = client.clone();
+        let inner_key = key.clone();
+        client
+            .lock(&key)
+            .wait(Duration::ZERO)
+            .run(async move {
+                if depth == 0 {
+                    Ok(0)
+                } else {
+                    nested_chain(inner_client, inner_key, depth - 1)
+                        .await
+                        .map(|n| n + 1)
+                }
+            })
+            .await
+    })
+}
+
+/// One lock over two keys holds both (on a majority at once, then on every node), keeps others
+/// off both, and frees both on release.
+pub(crate) async fn multi_key_acquire_release(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:many");
+    // Given out of order: the guard lists them in canonical (sorted) order.
+    let guard = fx.a.lock_many([&kb, &ka]).acquire().await.unwrap();
+    assert_eq!(guard.keys().collect::<Vec<_>>(), [ka.as_str(), kb.as_str()]);
+    assert_eq!(guard.keys().len(), 2);
+    assert_eq!(guard.key(), ka);
+    assert!(fx.holders(&ka) >= fx.majority() && fx.holders(&kb) >= fx.majority());
+    wait_until_async(
+        Duration::from_secs(2),
+        "both keys held on every node",
+        || fx.holders(&ka) == fx.nodes.len() && fx.holders(&kb) == fx.nodes.len(),
+    )
+    .await;
+    for key in [&ka, &kb] {
+        assert!(
+            fx.b.lock(key).acquire().await.unwrap_err().is_contended(),
+            "{key} was free while the two-key lock held it"
+        );
+    }
+    guard.release().await.unwrap();
+    fx.free_now(&[&ka, &kb]).await;
+}
+
+/// Duplicates are merged: `transfer(a, a)` locks one key, and `["b", "a", "a"]` locks a and b.
+pub(crate) async fn duplicate_keys_are_locked_once(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:dedupe");
+    let guard = fx.a.lock_many([&ka, &ka]).acquire().await.unwrap();
+    assert_eq!(guard.keys().collect::<Vec<_>>(), [ka.as_str()]);
+    assert!(guard.fencing_token().is_some());
+    assert_eq!(guard.fencing_token_of(&ka), guard.fencing_token());
+    assert!(fx.holders(&ka) >= fx.majority());
+    guard.release().await.unwrap();
+    fx.all_free(&[&ka]).await;
+
+    let guard = fx.a.lock_many([&kb, &ka, &ka]).acquire().await.unwrap();
+    assert_eq!(guard.keys().collect::<Vec<_>>(), [ka.as_str(), kb.as_str()]);
+    guard.release().await.unwrap();
+    fx.all_free(&[&ka, &kb]).await;
+}
+
+/// All or nothing: when the second key is held, acquiring both is `Contended` on that key, and
+/// nothing of the first key is left behind (it is free for anyone at once).
+pub(crate) async fn held_second_key_fails_the_whole_lock(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:allornothing");
+    let held = fx.b.lock(&kb).acquire().await.unwrap();
+    wait_until_async(
+        Duration::from_secs(2),
+        "the second key held on every node",
+        || fx.holders(&kb) == fx.nodes.len(),
+    )
+    .await;
+    match fx.a.lock_many([&ka, &kb]).acquire().await {
+        Err(LockError::Contended { key, .. }) => assert_eq!(key, kb),
+        other => panic!("expected Contended on {kb}, got {other:?}"),
+    }
+    // Also with a short wait: it gives up on the whole set, still keeping nothing.
+    let wait = Duration::from_millis(200);
+    assert!(
+        fx.a.lock_many([&ka, &kb])
+            .wait(wait)
+            .acquire()
+            .await
+            .unwrap_err()
+            .is_contended()
+    );
+    fx.free_now(&[&ka]).await;
+    held.release().await.unwrap();
+}
+
+/// A waiter on {a, b} is woken by the release of b (not only of its first key), well before its
+/// next retry would have been due.
+pub(crate) async fn multi_key_waiter_wakes_on_any_release(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:manywait");
+    let held = fx.a.lock(&kb).acquire().await.unwrap();
+    let waiter = fx.b.lock_many([&ka, &kb]).wait(Duration::from_secs(10));
+    let guard = fx.hand_off(held, &kb, waiter).await;
+    assert_eq!(guard.keys().len(), 2);
+    guard.release().await.unwrap();
+}
+
+/// Each key of a multi-key lock has its own fencing token, from the same counter as a one-key
+/// lock of that key, and it grows with every grant.
+pub(crate) async fn multi_key_fencing_tokens_grow_per_key(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:manyfence");
+    let (mut last_a, mut last_b) = (0, 0);
+    for i in 0..20 {
+        if i % 3 == 2 {
+            // A one-key grant of a in between moves a's counter only.
+            let guard = fx.a.lock(&ka).acquire().await.unwrap();
+            let token = guard.fencing_token().unwrap();
+            assert!(token > last_a, "{token} after {last_a}");
+            last_a = token;
+            guard.release().await.unwrap();
+            continue;
+        }
+        let guard = fx.b.lock_many([&kb, &ka]).acquire().await.unwrap();
+        let (Some(ta), Some(tb)) = (guard.fencing_token_of(&ka), guard.fencing_token_of(&kb))
+        else {
+            panic!("no token per key: {guard:?}");
+        };
+        assert_eq!(
+            guard.fencing_token_of("beh:manyfence:not-a-key-of-it"),
+            None
+        );
+        assert!(ta > last_a, "{ka}: {ta} after {last_a}");
+        assert!(tb > last_b, "{kb}: {tb} after {last_b}");
+        (last_a, last_b) = (ta, tb);
+        guard.release().await.unwrap();
+    }
+}
+
+/// A nested call on a held key joins the hold: with wait 0 it succeeds, ten levels deep, async
+/// and sync, without one server command; the key stays held until the outermost call ends.
+pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
+    let key = unique_key("beh:reentrant");
+    let ttl = Duration::from_secs(60); // no renewal during the count
+    let outer = |depth: u32| {
+        let (a, b, k) = (fx.a.clone(), fx.b.clone(), key.clone());
+        let chain_client = fx.a.clone();
+        let chain_key = key.clone();
+        a.lock(&k).ttl(ttl).run(async move {
+            let n = if depth == 0 {
+                0
+            } else {
+                nested_chain(chain_client, chain_key, depth - 1).await? + 1
+            };
+            // Still held after the nested calls returned: another task (never the holder) is refused.
+            let other = tokio::spawn(async move { b.lock(&k).acquire().await.map(drop) });
+            assert!(other.await.unwrap().unwrap_err().is_contended());
+            Ok::<_, LockError>(n)
+        })
+    };
+    // Warm-up (script loading), then the same lock without and with ten nested levels.
+    assert_eq!(outer(0).await.unwrap(), 0);
+    fx.all_free(&[&key]).await;
+    let before = fx.lock_commands();
+    assert_eq!(outer(0).await.unwrap(), 0);
+    fx.all_free(&[&key]).await;
+    let plain = fx.lock_commands() - before;
+    let before = fx.lock_commands();
+    assert_eq!(outer(10).await.unwrap(), 10);
+    fx.all_free(&[&key]).await;
+    let nested = fx.lock_commands() - before;
+    eprintln!("lock commands: {plain} for one call, {nested} with ten nested levels");
+    assert_eq!(nested, plain, "nested calls went to the server");
+
+    // The same from sync code, on one thread.
+    let (a, k) = (fx.a.clone(), key.clone());
+    let before = fx.lock_commands();
+    let result = tokio::task::spawn_blocking(move || {
+        a.lock(&k).ttl(ttl).run_blocking(|| {
+            a.lock(&k)
+                .wait(Duration::ZERO)
+                .run_blocking(|| a.lock(&k).wait(Duration::ZERO).run_blocking(|| Ok(2)))
+                .map(|n: u32| n + 1)
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(result, Ok::<u32, LockError>(3));
+    fx.all_free(&[&key]).await;
+    assert_eq!(
+        fx.lock_commands() - before,
+        plain,
+        "sync nested calls went to the server"
+    );
+    fx.free_now(&[&key]).await;
+}
+
+/// Inside a hold of {a, b}, a nested call on b joins; inside a hold of a, a nested call on
+/// {a, b} is a `Config` error naming `keys` (upgrading a held set is not atomic).
+pub(crate) async fn reentrant_subset_joins_superset_is_an_error(fx: &Fx) {
+    let (ka, kb) = two_keys("beh:subset");
+    let (a, k) = (fx.a.clone(), kb.clone());
+    let subset =
+        fx.a.lock_many([&ka, &kb])
+            .run(async move { a.lock(&k).wait(Duration::ZERO).run(async { Ok(1) }).await })
+            .await;
+    assert_eq!(subset, Ok::<u32, LockError>(1));
+    fx.all_free(&[&ka, &kb]).await;
+
+    let (a, keys) = (fx.a.clone(), [ka.clone(), kb.clone()]);
+    let superset =
+        fx.a.lock(&ka)
+            .run(async move {
+                let nested = a
+                    .lock_many(keys)
+                    .wait(Duration::ZERO)
+                    .run(async { Ok::<u32, LockError>(1) })
+                    .await;
+                Ok::<_, LockError>(nested)
+            })
+            .await
+            .unwrap();
+    match superset {
+        Err(LockError::Config { field, reason }) => {
+            assert_eq!(field, "keys", "{reason}");
+        }
+        other => panic!("expected a Config error on `keys`, got {other:?}"),
+    }
+    fx.all_free(&[&ka, &kb]).await;
+}
+
+/// A task spawned inside a hold, or a thread started there, is not the holder: with wait 0 it is
+/// `Contended`.
+pub(crate) async fn spawned_task_inside_a_hold_waits(fx: &Fx) {
+    let key = unique_key("beh:spawned");
+    let (a, k) = (fx.a.clone(), key.clone());
+    let (task, thread) =
+        fx.a.lock(&key)
+            .run(async move {
+                let task = tokio::spawn(run_now(a.clone(), k.clone(), true));
+                let task = task.await.unwrap();
+                let thread = std::thread::spawn(move || run_now_blocking(&a, &k, true));
+                let thread = tokio::task::spawn_blocking(move || thread.join().unwrap());
+                Ok::<_, LockError>((task, thread.await.unwrap()))
+            })
+            .await
+            .unwrap();
+    assert!(task.unwrap_err().is_contended(), "a spawned task joined");
+    assert!(thread.unwrap_err().is_contended(), "another thread joined");
+}
+
+/// A loss reaches every level of a nested hold: the async stack is cancelled and every level
+/// says `Lost` naming the key; a sync stack runs to its end, and neither level's success survives.
+pub(crate) async fn loss_reaches_every_nested_level(fx: &Fx) {
+    let key = unique_key("beh:nestedloss");
+    let own = fx.client_with(|config| config);
+    let dropped = std::sync::Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (inner_tx, inner_rx) = tokio::sync::oneshot::channel();
+    let body = endless_body(&dropped, started_tx);
+    let (inner_client, k) = (own.clone(), key.clone());
+    let outer = tokio::spawn(own.lock(&key).run(async move {
+        let inner = inner_client.lock(&k).wait(Duration::ZERO).run(body).await;
+        let _ = inner_tx.send(inner.clone());
+        inner
+    }));
+    let started = bounded(Duration::from_secs(5), "the inner body started", started);
+    started.await.unwrap();
+    shut_down(&own).await;
+    let outer = bounded(Duration::from_secs(5), "the outer call ended", outer)
+        .await
+        .unwrap();
+    assert_eq!(outer, Err(LockError::Lost { key: key.clone() }));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the inner body was not cancelled"
+    );
+    // Whether the inner call still reported (or was dropped with the outer body), never a success.
+    if let Ok(inner) = inner_rx.await {
+        assert_eq!(inner, Err(LockError::Lost { key: key.clone() }));
+    }
+    assert_eq!(fx.holders(&key), 0);
+
+    // Sync: both bodies finish after the loss; both calls return `Lost`.
+    let own = fx.client_with(|config| config);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let (client, k) = (own.clone(), key.clone());
+    let stack = tokio::task::spawn_blocking(move || {
+        let mut inner = None;
+        let outer = client.lock(&k).run_blocking(|| {
+            inner = Some(client.lock(&k).wait(Duration::ZERO).run_blocking(|| {
+                started_tx.send(()).unwrap();
+                go.recv_timeout(Duration::from_secs(10)).unwrap();
+                Ok::<u32, LockError>(1)
+            }));
+            Ok::<u32, LockError>(2)
+        });
+        (outer, inner)
+    });
+    let started = move || started.recv_timeout(Duration::from_secs(5)).unwrap();
+    tokio::task::spawn_blocking(started).await.unwrap();
+    shut_down(&own).await;
+    go_tx.send(()).unwrap();
+    let (outer, inner) = bounded(Duration::from_secs(5), "the sync stack ended", stack)
+        .await
+        .unwrap();
+    assert_eq!(inner, Some(Err(LockError::Lost { key: key.clone() })));
+    assert_eq!(outer, Err(LockError::Lost { key: key.clone() }));
+}
+
+/// With `reentrant(false)` a nested call is like any other caller: with wait 0 it is `Contended`.
+pub(crate) async fn non_reentrant_nested_call_contends(fx: &Fx) {
+    let key = unique_key("beh:nonreentrant");
+    let (a, k) = (fx.a.clone(), key.clone());
+    let nested =
+        fx.a.lock(&key)
+            .run(async move { Ok::<_, LockError>(run_now(a, k, false).await) })
+            .await
+            .unwrap();
+    match nested {
+        Err(LockError::Contended { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    let (a, k) = (fx.a.clone(), key.clone());
+    let nested = tokio::task::spawn_blocking(move || {
+        a.lock(&k)
+            .run_blocking(|| Ok::<_, LockError>(run_now_blocking(&a, &k, false)))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(nested.unwrap_err().is_contended());
+    fx.all_free(&[&key]).await;
+}
+
+/// An async body that never ends is cancelled at `max_hold` (per lock, or the config default), the
+/// call returns `MaxHoldExceeded`, and the key is free right after, long before its TTL.
+pub(crate) async fn max_hold_stops_an_endless_async_body(fx: &Fx) {
+    let max_hold = Duration::from_millis(300);
+    let per_lock = fx.a.clone();
+    let by_config = fx.client_with(|config| config.max_hold(max_hold));
+    for (how, client) in [("per lock", per_lock), ("config default", by_config)] {
+        let key = unique_key("beh:maxhold");
+        let lock = client.lock(&key).ttl(Duration::from_secs(30));
+        let lock = if how == "per lock" {
+            lock.max_hold(max_hold)
+        } else {
+            lock
+        };
+        let dropped = std::sync::Arc::new(AtomicBool::new(false));
+        let (started_tx, _started) = tokio::sync::oneshot::channel();
+        let start = Instant::now();
+        let result = bounded(
+            Duration::from_secs(5),
+            "the body stopped at max_hold",
+            lock.run(endless_body(&dropped, started_tx)),
+        )
+        .await;
+        let took = start.elapsed();
+        eprintln!("{how}: stopped after {took:?}");
+        assert_eq!(
+            result,
+            Err(LockError::MaxHoldExceeded {
+                key: key.clone(),
+                max_hold
+            }),
+            "{how}"
+        );
+        assert!(took >= max_hold, "{how}: stopped after {took:?}");
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "{how}: the body was not cancelled"
+        );
+        // Released (on a majority) when the call returns, then on every node; free for others.
+        assert!(fx.holders(&key) <= fx.nodes.len() - fx.majority(), "{how}");
+        fx.free_now(&[&key]).await;
+    }
+}
+
+/// A sync body that runs past `max_hold` is not interrupted, but its success is replaced by
+/// `MaxHoldExceeded`; the key is free right after.
+pub(crate) async fn max_hold_replaces_a_late_sync_result(fx: &Fx) {
+    let key = unique_key("beh:maxholdsync");
+    let max_hold = Duration::from_millis(200);
+    let finished = std::sync::Arc::new(AtomicBool::new(false));
+    let (a, k, done) = (fx.a.clone(), key.clone(), std::sync::Arc::clone(&finished));
+    let start = Instant::now();
+    let result = tokio::task::spawn_blocking(move || {
+        a.lock(&k)
+            .ttl(Duration::from_secs(30))
+            .max_hold(max_hold)
+            .run_blocking(|| {
+                // The behaviour under test is a body that runs too long.
+                std::thread::sleep(max_hold * 3);
+                done.store(true, Ordering::SeqCst);
+                Ok::<u32, LockError>(5)
+            })
+    })
+    .await
+    .unwrap();
+    assert!(
+        finished.load(Ordering::SeqCst),
+        "the sync body was interrupted"
+    );
+    assert!(start.elapsed() >= max_hold * 3);
+    assert_eq!(
+        result,
+        Err(LockError::MaxHoldExceeded {
+            key: key.clone(),
+            max_hold
+        })
+    );
+    fx.free_now(&[&key]).await;
+}
+
+/// `client.shutdown()` (which blocks) off the runtime's threads.
+async fn shut_down(client: &LockClient) {
+    let shutting = client.clone();
+    tokio::task::spawn_blocking(move || shutting.shutdown())
+        .await
+        .unwrap();
 }
 
 /// One `#[tokio::test]` per check, each with a fresh `$fixture`. The only list of the checks.
@@ -359,7 +878,12 @@ macro_rules! behaviour_tests {
             acquire_release, contention_error_and_waited, waiter_gets_lock_right_after_release,
             renewal_keeps_a_short_lock, dropped_guard_frees_promptly, cancelled_future_frees_promptly,
             cancelled_waiter_keeps_nothing, panic_frees, fencing_tokens_increase, blocking_api_inside_async_code,
-            release_of_a_lost_lock_is_lost);
+            release_of_a_lost_lock_is_lost, multi_key_acquire_release, duplicate_keys_are_locked_once,
+            held_second_key_fails_the_whole_lock, multi_key_waiter_wakes_on_any_release,
+            multi_key_fencing_tokens_grow_per_key, reentrant_nested_calls_join,
+            reentrant_subset_joins_superset_is_an_error, spawned_task_inside_a_hold_waits,
+            loss_reaches_every_nested_level, non_reentrant_nested_call_contends,
+            max_hold_stops_an_endless_async_body, max_hold_replaces_a_late_sync_result);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(
