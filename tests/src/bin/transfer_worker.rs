@@ -32,32 +32,9 @@ use redis::aio::MultiplexedConnection;
 const TTL: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(5);
 
-#[derive(Debug)]
-enum WorkerError {
-    Lock(LockError),
-    Redis(redis::RedisError),
-}
-
-impl std::fmt::Display for WorkerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WorkerError::Lock(err) => write!(f, "lock: {err}"),
-            WorkerError::Redis(err) => write!(f, "data server: {err}"),
-        }
-    }
-}
-
-impl From<LockError> for WorkerError {
-    fn from(err: LockError) -> Self {
-        WorkerError::Lock(err)
-    }
-}
-
-impl From<redis::RedisError> for WorkerError {
-    fn from(err: redis::RedisError) -> Self {
-        WorkerError::Redis(err)
-    }
-}
+/// Any failure; a lock failure stays a `LockError` inside (the body's error type must be
+/// `From<LockError>`).
+type WorkerError = Box<dyn std::error::Error + Send + Sync>;
 
 struct Args {
     config: LockConfig,
@@ -198,11 +175,7 @@ async fn run(args: &Args) -> Result<Report, WorkerError> {
         .collect();
     let mut report = Report::default();
     for handle in handles {
-        let own = handle.await.map_err(|e| {
-            WorkerError::Lock(LockError::Runtime {
-                reason: format!("transfer task: {e}"),
-            })
-        })??;
+        let own = handle.await??;
         report.merge(own);
     }
     Ok(report)
@@ -240,9 +213,11 @@ async fn task(
                 report.violations += violations;
                 report.transfers += 1;
             }
-            Err(WorkerError::Lock(LockError::Contended { .. })) => report.contended += 1,
-            Err(WorkerError::Lock(LockError::Lost { .. })) => report.lost += 1,
-            Err(err) => return Err(err),
+            Err(err) => match err.downcast_ref::<LockError>() {
+                Some(LockError::Contended { .. }) => report.contended += 1,
+                Some(LockError::Lost { .. }) => report.lost += 1,
+                _ => return Err(err),
+            },
         }
         i += 1;
     }
