@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
+//!     [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
 //!
 //! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
@@ -29,6 +29,11 @@
 //! 3. In-memory backend, uncontended pairs/s, 1 task.
 //! 4. Sequential latency of one acquire+release pair: raw redis on 1 node, this crate on 1 node, on
 //!    5 Redlock nodes, and on 5 nodes with one frozen (SIGSTOP).
+//! 5. Multi-key locks and reentrancy: uncontended pairs/s, 1 task and N tasks, of a one-key lock, a
+//!    two-key lock with both keys in one slot (`{t}:a`, `{t}:b`), a two-key lock across slots, and two
+//!    one-key locks taken in order (released in reverse), in the same run. Then the latency of a
+//!    nested call that joins a held lock (reentrancy), and how many script calls the server ran for
+//!    all of them (target: none), on a server of its own.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -108,7 +113,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -192,6 +197,10 @@ fn main() -> Res<()> {
         runtime.block_on(section_memory(&opts, &mut out))?;
         flush(&mut out);
     }
+    if opts.runs("multi") {
+        runtime.block_on(section_multi(&opts, &url, &mut out, &mut summary))?;
+        flush(&mut out);
+    }
     drop(own_server);
     if opts.runs("redlock") {
         section_redlock(&opts, &runtime, &mut out, &mut summary)?;
@@ -211,6 +220,8 @@ fn main() -> Res<()> {
 #[derive(Clone)]
 enum Locker {
     Crate(LockClient),
+    /// Two keys derived from the task's key (section 5).
+    Two(LockClient, TwoKeys),
     Multiplexed(MultiplexedConnection, Arc<Script>),
     Manager(ConnectionManager, Arc<Script>),
     /// The raw loop fanned out to independent nodes: done once a majority answered each step.
@@ -225,6 +236,7 @@ impl Locker {
                 guard.release().await?;
                 Ok(())
             }
+            Locker::Two(client, shape) => shape.pair(client, key).await,
             Locker::Multiplexed(conn, script) => raw_pair(conn, script, key, token).await,
             Locker::Manager(conn, script) => raw_pair(conn, script, key, token).await,
             Locker::Quorum(conns, script) => {
@@ -685,6 +697,141 @@ async fn section_memory(opts: &Opts, out: &mut String) -> Res<()> {
         rate.per_sec,
         rate.cost()
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Multi-key locks and reentrancy
+
+/// How section 5 locks two keys.
+#[derive(Debug, Clone, Copy)]
+enum TwoKeys {
+    /// One lock over `{key}:a` and `{key}:b` (one hash slot).
+    SameSlot,
+    /// One lock over `key:a` and `key:b` (almost always two slots).
+    CrossSlot,
+    /// Two one-key locks, `key:a` then `key:b`, released in reverse order.
+    InOrder,
+}
+
+impl TwoKeys {
+    async fn pair(self, client: &LockClient, key: &str) -> Res<()> {
+        match self {
+            TwoKeys::SameSlot | TwoKeys::CrossSlot => {
+                let keys = if matches!(self, TwoKeys::SameSlot) {
+                    [format!("{{{key}}}:a"), format!("{{{key}}}:b")]
+                } else {
+                    [format!("{key}:a"), format!("{key}:b")]
+                };
+                let guard = client.lock_many(keys).ttl(TTL).acquire().await?;
+                guard.release().await?;
+            }
+            TwoKeys::InOrder => {
+                let first = client.lock(format!("{key}:a")).ttl(TTL).acquire().await?;
+                let second = client.lock(format!("{key}:b")).ttl(TTL).acquire().await?;
+                second.release().await?;
+                first.release().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn section_multi(
+    opts: &Opts,
+    url: &str,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+    let lockers = [
+        Locker::Crate(client.clone()),
+        Locker::Two(client.clone(), TwoKeys::SameSlot),
+        Locker::Two(client.clone(), TwoKeys::CrossSlot),
+        Locker::Two(client, TwoKeys::InOrder),
+    ];
+    let _ = writeln!(
+        out,
+        "\n5. Multi-key locks, uncontended acquire+release pairs/s (each task its own keys, ttl 10s)"
+    );
+    let _ = writeln!(
+        out,
+        "   {:>5}  {:>12}  {:>14}  {:>15}  {:>15}  {:>11}  {:>11}",
+        "tasks",
+        "one key",
+        "two, one slot",
+        "two, two slots",
+        "two one-key",
+        "cost 1slot",
+        "cost 2slots"
+    );
+    let mut costs = Vec::new();
+    for tasks in [1, opts.tasks] {
+        let mut rates = Vec::with_capacity(lockers.len());
+        for locker in &lockers {
+            rates.push(pairs_per_sec(locker, tasks, opts).await?.per_sec);
+        }
+        // Cost relative to a one-key lock: how much longer one two-key pair takes.
+        let (same, cross) = (rates[0] / rates[1], rates[0] / rates[2]);
+        let _ = writeln!(
+            out,
+            "   {tasks:>5}  {:>12.0}  {:>14.0}  {:>15.0}  {:>15.0}  {same:>10.2}x  {cross:>10.2}x",
+            rates[0], rates[1], rates[2], rates[3]
+        );
+        costs.push(format!(
+            "{tasks} task(s) {same:.2}x (two slots {cross:.2}x, two one-key locks {:.2}x)",
+            rates[0] / rates[3]
+        ));
+    }
+    summary.push(format!(
+        "two-key lock in one slot costs {} a one-key lock (target <= 1.10x)",
+        costs.join(", ")
+    ));
+
+    // Reentrancy on a server of its own, so that its command counts are this section's alone.
+    let server = RedisServer::start();
+    let client = LockClient::new(opts.config(LockConfig::single(server.url())))?;
+    let key = unique_key("bench:reentrant");
+    let samples = opts.samples;
+    let count_scripts = move || {
+        tokio::task::block_in_place(|| {
+            ["evalsha", "eval", "fcall"]
+                .iter()
+                .map(|command| server.command_calls(command))
+                .sum::<u64>()
+        })
+    };
+    let (nested, client_inner, key_inner) = (samples, client.clone(), key.clone());
+    let (latencies, scripts) = client
+        .lock(&key)
+        .ttl(TTL)
+        .run(async move {
+            let before = count_scripts();
+            let mut latencies = Vec::with_capacity(nested);
+            for _ in 0..nested {
+                let start = Instant::now();
+                let inner = client_inner.lock(&key_inner).wait(Duration::ZERO);
+                inner.run(async { Ok::<(), BoxError>(()) }).await?;
+                latencies.push(start.elapsed());
+            }
+            Ok::<_, BoxError>((latencies, count_scripts() - before))
+        })
+        .await?;
+    let mut sorted = latencies;
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let p99 = sorted[sorted.len() * 99 / 100];
+    let _ = writeln!(
+        out,
+        "   reentrant nested call (joins a held lock, wait 0), {samples} calls: median {}, p99 {}, \
+         script calls on the server {scripts}",
+        ms(median),
+        ms(p99)
+    );
+    summary.push(format!(
+        "reentrant nested call: median {}, {scripts} script calls for {samples} calls (target 0)",
+        ms(median)
+    ));
     Ok(())
 }
 
