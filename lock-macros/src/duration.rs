@@ -55,7 +55,7 @@ pub(crate) fn parse(text: &str, kind: Kind) -> Result<Duration, String> {
         }
         Kind::MaxHold if duration.is_zero() => {
             return Err(format!(
-                "`{name}` can't be zero: the body would be stopped as soon as it starts; {}",
+                "`{name}` can't be zero: every call would exceed it as soon as it takes the lock; {}",
                 hint()
             ));
         }
@@ -137,8 +137,8 @@ mod tests {
         );
         assert_eq!(
             error("0s", Kind::MaxHold),
-            "`max_hold` can't be zero: the body would be stopped as soon as it starts; write e.g. \
-             `max_hold = \"2m\"`, or leave `max_hold` out to use the configured default"
+            "`max_hold` can't be zero: every call would exceed it as soon as it takes the lock; \
+             write e.g. `max_hold = \"2m\"`, or leave `max_hold` out to use the configured default"
         );
         let err = error("2 minutes please", Kind::MaxHold);
         assert!(err.starts_with("invalid `max_hold` duration"), "{err}");
