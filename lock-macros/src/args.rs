@@ -283,3 +283,112 @@ fn skip_to_next_argument(input: ParseStream<'_>) -> Result<()> {
         Ok(((), rest))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Args, parse};
+    use crate::errors::Errors;
+    use proc_macro2::TokenStream;
+    use quote::quote;
+    use std::time::Duration;
+
+    fn args(attr: TokenStream) -> (Args, Vec<String>) {
+        let mut errors = Errors::default();
+        let args = parse(attr, &mut errors);
+        let messages = if errors.is_empty() {
+            Vec::new()
+        } else {
+            errors
+                .into_error()
+                .into_iter()
+                .map(|err| err.to_string())
+                .collect()
+        };
+        (args, messages)
+    }
+
+    fn templates(args: &Args) -> Option<Vec<String>> {
+        let keys = args.keys.as_ref()?;
+        Some(keys.iter().map(syn::LitStr::value).collect())
+    }
+
+    #[test]
+    fn key_is_one_template_and_keys_keep_their_order() {
+        let (parsed, errors) = args(quote!(key = "wallet:<id>"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(templates(&parsed), Some(vec!["wallet:<id>".to_owned()]));
+
+        let (parsed, errors) = args(quote!(keys = ["w:<to>", "w:<from>",]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            templates(&parsed),
+            Some(vec!["w:<to>".to_owned(), "w:<from>".to_owned()])
+        );
+    }
+
+    #[test]
+    fn exactly_one_of_key_and_keys() {
+        let (parsed, errors) = args(quote!(keys = ["a:<x>"], key = "a:<x>"));
+        assert_eq!(templates(&parsed), None);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`key` and `keys` are both given"));
+
+        let (_, errors) = args(quote!(ttl = "1s"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("missing `key`"), "{errors:?}");
+        assert!(errors[0].contains("`keys = ["), "{errors:?}");
+    }
+
+    #[test]
+    fn bad_keys_lists() {
+        let (_, errors) = args(quote!(keys = []));
+        assert!(errors[0].starts_with("`keys` is empty"), "{errors:?}");
+        let (_, errors) = args(quote!(keys = "a:<x>"));
+        assert!(errors[0].starts_with("`keys` takes a list"), "{errors:?}");
+        // Every bad element is reported, and the arguments after the list are still checked.
+        let (parsed, errors) = args(quote!(keys = ["a:<x>", x, "a:<x>", 3], wait = "1s"));
+        assert_eq!(templates(&parsed), None);
+        assert_eq!(parsed.wait, Some(Duration::from_secs(1)));
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0].starts_with("each element of `keys`"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("duplicate key template \"a:<x>\""),
+            "{errors:?}"
+        );
+        assert!(
+            errors[2].starts_with("each element of `keys`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn reentrant_and_max_hold() {
+        let (parsed, errors) = args(quote!(key = "k", reentrant = false, max_hold = "2m"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(parsed.reentrant, Some(false));
+        assert_eq!(parsed.max_hold, Some(Duration::from_secs(120)));
+
+        let (parsed, _) = args(quote!(key = "k"));
+        assert_eq!((parsed.reentrant, parsed.max_hold), (None, None));
+
+        let (_, errors) = args(quote!(key = "k", reentrant = 1, max_hold = "0s"));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("`reentrant` takes `true` or `false`"));
+        assert!(errors[1].starts_with("`max_hold` can't be zero"));
+    }
+
+    #[test]
+    fn unknown_argument_lists_the_new_ones() {
+        let (_, errors) = args(quote!(key = "k", timeout = "1s"));
+        assert_eq!(
+            errors,
+            [
+                "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
+              `max_hold`, `reentrant`, `guard` and `crate`"
+            ]
+        );
+    }
+}

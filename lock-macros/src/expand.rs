@@ -346,3 +346,87 @@ pub(crate) fn with_errors(item: TokenStream, errors: &syn::Error) -> TokenStream
     let errors = errors.to_compile_error();
     quote!(#errors #item)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::validate::validate;
+    use proc_macro2::TokenStream;
+    use quote::quote;
+
+    /// The expansion as text without spaces, for `contains` checks.
+    fn expand(attr: TokenStream, item: TokenStream) -> String {
+        match validate(attr, item) {
+            Ok(locked) => super::locked_fn(&locked).to_string().replace(' ', ""),
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    #[test]
+    fn keys_become_one_call_in_the_order_written() {
+        let out = expand(
+            quote!(
+                keys = ["w:<to>", "w:<from>"],
+                wait = "5s",
+                max_hold = "2m",
+                reentrant = false
+            ),
+            quote!(
+                async fn transfer(from: u64, to: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        let call = "let__lock_call=::lock_runtime::__private::Call{keys:::std::vec![";
+        assert!(out.contains(call), "{out}");
+        assert!(
+            out.contains(
+                "ttl:::core::option::Option::None,\
+                 wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
+                 max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
+                 reentrant:false,}"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::acquire(__lock_call).await"),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::until_lost(&__lock_guard,asyncmove{"),
+            "{out}"
+        );
+        // `to` is rendered before `from`, as written.
+        let to = out.find("=&to;");
+        assert!(to.is_some() && to < out.find("=&from;"), "{out}");
+    }
+
+    #[test]
+    fn sync_bodies_run_in_the_guards_scope() {
+        let out = expand(
+            quote!(key = "k:<id>", guard = lock),
+            quote!(
+                fn f(id: u64) -> Result<u64, E> {
+                    Ok(id)
+                }
+            ),
+        );
+        assert!(out.contains("keys:::std::vec![{"), "{out}");
+        assert!(out.contains("reentrant:true,"), "{out}");
+        assert!(
+            out.contains("max_hold:::core::option::Option::None,"),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::acquire_blocking(__lock_call)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("letlock=&__lock_guard;::lock_runtime::__private::run_blocking(&__lock_guard,move||{"),
+            "{out}"
+        );
+        assert!(
+            out.contains("finish_blocking(__lock_guard,{__lock_out})"),
+            "{out}"
+        );
+    }
+}
