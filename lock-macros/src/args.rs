@@ -1,5 +1,6 @@
-//! The attribute's arguments: `key = "..."`, `ttl = "..."`, `wait = "..."`, `guard = NAME`,
-//! `crate = "path"`. Each is checked on its own here; checks against the function live in `validate`.
+//! The attribute's arguments: `key = "..."` or `keys = ["...", ..]`, `ttl = "..."`, `wait = "..."`,
+//! `max_hold = "..."`, `reentrant = bool`, `guard = NAME`, `crate = "path"`. Each is checked on its
+//! own here, then `key` against `keys`; checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
 use crate::errors::Errors;
@@ -9,15 +10,21 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Path, Result};
 
-const VALID: &str = "`key`, `ttl`, `wait`, `guard` and `crate`";
+const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `reentrant`, `guard` and `crate`";
+
+const KEYS_EXAMPLE: &str = "keys = [\"wallet:<from>\", \"wallet:<to>\"]";
 
 /// The arguments that parsed; every one that didn't has already reported why.
 #[derive(Debug, Default)]
 pub(crate) struct Args {
-    /// The template as written; it is parsed against the function's parameters in `validate`.
-    pub(crate) key: Option<LitStr>,
+    /// The key templates as written, in order: one for `key`, one or more for `keys`, never
+    /// duplicated. They are parsed against the function's parameters in `validate`.
+    pub(crate) keys: Option<Vec<LitStr>>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    /// `None` when not given: the default, reentrant.
+    pub(crate) reentrant: Option<bool>,
     pub(crate) guard: Option<Ident>,
     /// `crate = "path"`: where the runtime lives, for re-exports.
     pub(crate) krate: Option<Path>,
@@ -62,19 +69,36 @@ impl<T> Arg<T> {
 /// Parses the attribute's arguments, reporting every independent mistake into `errors`.
 pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
     let mut key = Arg::new("key");
+    let mut keys = Arg::new("keys");
     let mut ttl = Arg::new("ttl");
     let mut wait = Arg::new("wait");
+    let mut max_hold = Arg::new("max_hold");
+    let mut reentrant = Arg::new("reentrant");
     let mut guard = Arg::new("guard");
     let mut krate = Arg::new("crate");
 
+    // `key` and `keys` both given: the second of them, to be removed.
+    let mut both = None;
+
     let parser = syn::meta::parser(|meta| {
         let name = meta.path.get_ident().map(Ident::to_string);
+        let other = match name.as_deref() {
+            Some("key") => keys.seen,
+            Some("keys") => key.seen,
+            _ => false,
+        };
+        if other && both.is_none() {
+            both = Some(meta.path.clone());
+        }
         let result = match name.as_deref() {
             Some("key") => {
                 key.set_once(&meta, |input| string(input, "key", "\"wallet:<user_id>\""))
             }
+            Some("keys") => keys.set_once(&meta, templates),
             Some("ttl") => ttl.set_once(&meta, |input| duration(input, Kind::Ttl)),
             Some("wait") => wait.set_once(&meta, |input| duration(input, Kind::Wait)),
+            Some("max_hold") => max_hold.set_once(&meta, |input| duration(input, Kind::MaxHold)),
+            Some("reentrant") => reentrant.set_once(&meta, |input| boolean(input, "reentrant")),
             Some("guard") => guard.set_once(&meta, guard_name),
             Some("crate") => krate.set_once(&meta, |input| {
                 let lit = string(input, "crate", "\"my_facade::lock_runtime\"")?;
@@ -109,16 +133,34 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         errors.push(err);
     }
 
-    if !key.seen {
-        errors.push(syn::Error::new(
-            Span::call_site(),
-            "missing `key`; write e.g. `#[distributed_lock(key = \"wallet:<user_id>\")]`",
-        ));
-    }
+    let keys = match (key.seen, keys.seen) {
+        (false, false) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                format_args!(
+                    "missing `key`; write e.g. `#[distributed_lock(key = \"wallet:<user_id>\")]`, \
+                     or `{KEYS_EXAMPLE}` to lock several keys at once"
+                ),
+            ));
+            None
+        }
+        (true, true) => {
+            errors.push(syn::Error::new_spanned(
+                both,
+                "`key` and `keys` are both given; write `key = \"..\"` for one key or \
+                 `keys = [..]` for several, not both",
+            ));
+            None
+        }
+        (true, false) => key.value.map(|lit| vec![lit]),
+        (false, true) => keys.value,
+    };
     Args {
-        key: key.value,
+        keys,
         ttl: ttl.value,
         wait: wait.value,
+        max_hold: max_hold.value,
+        reentrant: reentrant.value,
         guard: guard.value,
         krate: krate.value,
     }
@@ -133,6 +175,74 @@ fn string(input: ParseStream<'_>, name: &str, example: &str) -> Result<LitStr> {
         other => Err(syn::Error::new_spanned(
             other,
             format_args!("`{name}` takes a string literal, like `{name} = {example}`"),
+        )),
+    }
+}
+
+/// `keys = ["wallet:<from>", "wallet:<to>"]`: a non-empty array of distinct string literals. Every
+/// bad element is reported, each on its own span.
+fn templates(input: ParseStream<'_>) -> Result<Vec<LitStr>> {
+    let expr = input.parse::<Expr>()?;
+    let Expr::Array(array) = expr else {
+        return Err(syn::Error::new_spanned(
+            expr,
+            format_args!("`keys` takes a list of key templates, like `{KEYS_EXAMPLE}`"),
+        ));
+    };
+    if array.elems.is_empty() {
+        return Err(syn::Error::new_spanned(
+            array,
+            format_args!(
+                "`keys` is empty, so there is nothing to lock; list the key templates, like \
+                 `{KEYS_EXAMPLE}`"
+            ),
+        ));
+    }
+    let mut errors = Errors::default();
+    let mut lits: Vec<LitStr> = Vec::new();
+    for elem in array.elems {
+        match elem {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) => {
+                if lits.iter().any(|seen| seen.value() == lit.value()) {
+                    errors.push(syn::Error::new(
+                        lit.span(),
+                        format_args!(
+                            "duplicate key template {:?} in `keys`; each template is locked once, \
+                             remove one",
+                            lit.value()
+                        ),
+                    ));
+                }
+                lits.push(lit);
+            }
+            other => errors.push(syn::Error::new_spanned(
+                other,
+                format_args!(
+                    "each element of `keys` is a key template string literal, like \
+                     `{KEYS_EXAMPLE}`"
+                ),
+            )),
+        }
+    }
+    if errors.is_empty() {
+        Ok(lits)
+    } else {
+        Err(errors.into_error())
+    }
+}
+
+/// `reentrant = false`: a bool literal.
+fn boolean(input: ParseStream<'_>, name: &str) -> Result<bool> {
+    match input.parse::<Expr>()? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(lit),
+            ..
+        }) => Ok(lit.value),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format_args!("`{name}` takes `true` or `false`, like `{name} = false`"),
         )),
     }
 }
@@ -172,4 +282,113 @@ fn skip_to_next_argument(input: ParseStream<'_>) -> Result<()> {
         }
         Ok(((), rest))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Args, parse};
+    use crate::errors::Errors;
+    use proc_macro2::TokenStream;
+    use quote::quote;
+    use std::time::Duration;
+
+    fn args(attr: TokenStream) -> (Args, Vec<String>) {
+        let mut errors = Errors::default();
+        let args = parse(attr, &mut errors);
+        let messages = if errors.is_empty() {
+            Vec::new()
+        } else {
+            errors
+                .into_error()
+                .into_iter()
+                .map(|err| err.to_string())
+                .collect()
+        };
+        (args, messages)
+    }
+
+    fn templates(args: &Args) -> Option<Vec<String>> {
+        let keys = args.keys.as_ref()?;
+        Some(keys.iter().map(syn::LitStr::value).collect())
+    }
+
+    #[test]
+    fn key_is_one_template_and_keys_keep_their_order() {
+        let (parsed, errors) = args(quote!(key = "wallet:<id>"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(templates(&parsed), Some(vec!["wallet:<id>".to_owned()]));
+
+        let (parsed, errors) = args(quote!(keys = ["w:<to>", "w:<from>",]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            templates(&parsed),
+            Some(vec!["w:<to>".to_owned(), "w:<from>".to_owned()])
+        );
+    }
+
+    #[test]
+    fn exactly_one_of_key_and_keys() {
+        let (parsed, errors) = args(quote!(keys = ["a:<x>"], key = "a:<x>"));
+        assert_eq!(templates(&parsed), None);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`key` and `keys` are both given"));
+
+        let (_, errors) = args(quote!(ttl = "1s"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("missing `key`"), "{errors:?}");
+        assert!(errors[0].contains("`keys = ["), "{errors:?}");
+    }
+
+    #[test]
+    fn bad_keys_lists() {
+        let (_, errors) = args(quote!(keys = []));
+        assert!(errors[0].starts_with("`keys` is empty"), "{errors:?}");
+        let (_, errors) = args(quote!(keys = "a:<x>"));
+        assert!(errors[0].starts_with("`keys` takes a list"), "{errors:?}");
+        // Every bad element is reported, and the arguments after the list are still checked.
+        let (parsed, errors) = args(quote!(keys = ["a:<x>", x, "a:<x>", 3], wait = "1s"));
+        assert_eq!(templates(&parsed), None);
+        assert_eq!(parsed.wait, Some(Duration::from_secs(1)));
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0].starts_with("each element of `keys`"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("duplicate key template \"a:<x>\""),
+            "{errors:?}"
+        );
+        assert!(
+            errors[2].starts_with("each element of `keys`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn reentrant_and_max_hold() {
+        let (parsed, errors) = args(quote!(key = "k", reentrant = false, max_hold = "2m"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(parsed.reentrant, Some(false));
+        assert_eq!(parsed.max_hold, Some(Duration::from_secs(120)));
+
+        let (parsed, _) = args(quote!(key = "k"));
+        assert_eq!((parsed.reentrant, parsed.max_hold), (None, None));
+
+        let (_, errors) = args(quote!(key = "k", reentrant = 1, max_hold = "0s"));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("`reentrant` takes `true` or `false`"));
+        assert!(errors[1].starts_with("`max_hold` can't be zero"));
+    }
+
+    #[test]
+    fn unknown_argument_lists_the_new_ones() {
+        let (_, errors) = args(quote!(key = "k", timeout = "1s"));
+        assert_eq!(
+            errors,
+            [
+                "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
+              `max_hold`, `reentrant`, `guard` and `crate`"
+            ]
+        );
+    }
 }

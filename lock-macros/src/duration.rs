@@ -1,9 +1,9 @@
-//! `ttl = "10s"`, `wait = "1m 30s"`: durations in humantime syntax, checked while compiling so a typo
+//! `ttl = "10s"`, `wait = "1m 30s"`, `max_hold = "2m"`: durations in humantime syntax, checked while compiling so a typo
 //! never reaches production.
 
 use std::time::Duration;
 
-/// Which argument a duration belongs to; they differ only in what "too short" means.
+/// Which argument a duration belongs to; they differ only in what "too short" or "too long" means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// How long the lock lives without renewal, within the bounds of [`lock_rules::check_ttl`], the
@@ -11,6 +11,8 @@ pub(crate) enum Kind {
     Ttl,
     /// How long to wait for a contended lock. Zero means "try once".
     Wait,
+    /// The most a call may hold the lock, renewal included; any positive value.
+    MaxHold,
 }
 
 impl Kind {
@@ -19,6 +21,7 @@ impl Kind {
         match self {
             Kind::Ttl => "ttl",
             Kind::Wait => "wait",
+            Kind::MaxHold => "max_hold",
         }
     }
 
@@ -27,6 +30,7 @@ impl Kind {
         match self {
             Kind::Ttl => "\"10s\"",
             Kind::Wait => "\"5s\"",
+            Kind::MaxHold => "\"2m\"",
         }
     }
 }
@@ -39,14 +43,23 @@ pub(crate) fn parse(text: &str, kind: Kind) -> Result<Duration, String> {
             "invalid `{name}` duration {text:?}: {err}; write e.g. \"500ms\", \"10s\" or \"1m 30s\""
         )
     })?;
-    if kind == Kind::Ttl {
-        lock_rules::check_ttl(duration).map_err(|err| {
-            format!(
-                "`{name}` {err}; write e.g. `{name} = {example}`, or leave `{name}` out to use the \
-                 configured default",
-                example = kind.example()
-            )
-        })?;
+    let hint = || {
+        format!(
+            "write e.g. `{name} = {example}`, or leave `{name}` out to use the configured default",
+            example = kind.example()
+        )
+    };
+    match kind {
+        Kind::Ttl => {
+            lock_rules::check_ttl(duration).map_err(|err| format!("`{name}` {err}; {}", hint()))?;
+        }
+        Kind::MaxHold if duration.is_zero() => {
+            return Err(format!(
+                "`{name}` can't be zero: every call would exceed it as soon as it takes the lock; {}",
+                hint()
+            ));
+        }
+        Kind::MaxHold | Kind::Wait => {}
     }
     Ok(duration)
 }
@@ -112,6 +125,23 @@ mod tests {
             parse("400d", Kind::Wait),
             Ok(Duration::from_secs(400 * 24 * 3600))
         );
+    }
+
+    #[test]
+    fn max_hold_is_any_positive_duration() {
+        assert_eq!(parse("2m", Kind::MaxHold), Ok(Duration::from_secs(120)));
+        assert_eq!(parse("1ns", Kind::MaxHold), Ok(Duration::from_nanos(1)));
+        assert_eq!(
+            parse("400d", Kind::MaxHold),
+            Ok(Duration::from_secs(400 * 24 * 3600))
+        );
+        assert_eq!(
+            error("0s", Kind::MaxHold),
+            "`max_hold` can't be zero: every call would exceed it as soon as it takes the lock; \
+             write e.g. `max_hold = \"2m\"`, or leave `max_hold` out to use the configured default"
+        );
+        let err = error("2 minutes please", Kind::MaxHold);
+        assert!(err.starts_with("invalid `max_hold` duration"), "{err}");
     }
 
     #[test]

@@ -40,11 +40,14 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
     out
 }
 
-/// Input:  `[async] fn f(user_id: u64) -> R { BODY }`
+/// Input:  `[async] fn f(from: u64, to: u64) -> R { BODY }` with `keys = ["w:<from>", "w:<to>"]`
 /// Output, async:
 /// ```text
-/// let __lock_key = KEY;
-/// let __lock_guard = match P::acquire(__lock_key, TTL, WAIT).await {
+/// let __lock_call = P::Call {
+///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
+///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, reentrant: true,
+/// };
+/// let __lock_guard = match P::acquire(__lock_call).await {
 ///     Ok(guard) => guard,
 ///     Err(err) => return P::lock_error(err),
 /// };
@@ -54,28 +57,32 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// };
 /// P::finish(__lock_guard, { __lock_out }).await
 /// ```
-/// sync: `P::acquire_blocking(..)`, the body as `(move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })()`
-/// and `P::finish_blocking(..)`.
+/// sync: `P::acquire_blocking(..)`, the body as
+/// `P::run_blocking(&__lock_guard, move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })` and
+/// `P::finish_blocking(..)`.
 ///
 /// In the `async move` block and the closure `return` and `?` leave the body only, as they would
-/// have left the fn, so the guard is always finished. The closure is called where it is written
-/// so it works whether it is `FnOnce`, `FnMut` (mutates a `mut` parameter) or `Fn`.
+/// have left the fn, so the guard is always finished. `until_lost` and `run_blocking` run the body
+/// inside the guard's reentrancy scope (task-local and thread-local), where a nested locked call on
+/// a key it holds joins the hold.
 fn locked_body(locked: &Locked) -> TokenStream {
     let is_async = locked.sig.asyncness.is_some() || locked.boxed.is_some();
     let site = Span::mixed_site();
     let private = &locked.private;
     let ret = return_span(locked);
-    let [key, guard, out, err] = locals(Span::mixed_site());
-    let render = render_key(&locked.key, private);
+    let [call, guard, out, err] = locals(Span::mixed_site());
+    let keys = locked.keys.iter().map(|key| render_key(key, private));
     let ttl = duration(locked.ttl, private);
     let wait = duration(locked.wait, private);
+    let max_hold = duration(locked.max_hold, private);
+    let reentrant = syn::LitBool::new(locked.reentrant, site);
     let bind_guard = bind_guard(locked);
     let fake_return = fake_return_edge(locked);
     let touch_mutable = touch_mutable(locked);
     let stmts = match &locked.boxed {
         Some(boxed) => {
             let rebinds = &boxed.rebinds;
-            let touch_key = touch_key_params(&locked.key);
+            let touch_key = touch_key_params(&locked.keys);
             let stmts = &boxed.stmts;
             quote!(#rebinds #touch_key #stmts)
         }
@@ -95,19 +102,25 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
     let (acquire, run, finish) = if is_async {
         (
-            quote_spanned!(site=> #private::acquire(#key, #ttl, #wait).await),
+            quote_spanned!(site=> #private::acquire(#call).await),
             quote_spanned!(site=> #private::until_lost(&#guard, async move #body).await),
             quote_spanned!(ret=> #at_ret::finish(#guard_at_ret, { #out_at_ret }).await),
         )
     } else {
         (
-            quote_spanned!(site=> #private::acquire_blocking(#key, #ttl, #wait)),
-            quote_spanned!(site=> (move || #body)()),
+            quote_spanned!(site=> #private::acquire_blocking(#call)),
+            quote_spanned!(site=> #private::run_blocking(&#guard, move || #body)),
             quote_spanned!(ret=> #at_ret::finish_blocking(#guard_at_ret, { #out_at_ret })),
         )
     };
     quote_spanned! {site=>
-        let #key: ::std::string::String = #render;
+        let #call = #private::Call {
+            keys: ::std::vec![#(#keys),*],
+            ttl: #ttl,
+            wait: #wait,
+            max_hold: #max_hold,
+            reentrant: #reentrant,
+        };
         let #guard = match #acquire {
             ::core::result::Result::Ok(#guard) => #guard,
             ::core::result::Result::Err(#err) => return #lock_error,
@@ -133,11 +146,11 @@ fn private_at(private: &TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// The generated locals (`__lock_key`, `__lock_guard`, `__lock_out`, `__lock_err`): hygienic, so they
-/// can't clash with the user's names, and located at `at` for error messages.
+/// The generated locals (`__lock_call`, `__lock_guard`, `__lock_out`, `__lock_err`): hygienic, so
+/// they can't clash with the user's names, and located at `at` for error messages.
 fn locals(at: Span) -> [syn::Ident; 4] {
     let span = Span::mixed_site().located_at(at);
-    ["key", "guard", "out", "err"].map(|name| format_ident!("__lock_{}", name, span = span))
+    ["call", "guard", "out", "err"].map(|name| format_ident!("__lock_{}", name, span = span))
 }
 
 /// Input:  `fn f(mut a: u8, b: u8, (mut c, d): (u8, u8))`
@@ -147,10 +160,12 @@ fn touch_mutable(locked: &Locked) -> TokenStream {
     quote_spanned!(Span::mixed_site()=> #(let _ = &#mutable;)*)
 }
 
-/// Input:  `key = "a:<x>:<y.id>:<self.z>"`
-/// Output: `let _ = &x; let _ = &y;`, after `#[async_trait]`'s `let x = x;`: see [`Boxed::rebinds`].
-fn touch_key_params(key: &Key) -> TokenStream {
-    let params = key.parts.iter().filter_map(|part| match part {
+/// Input:  `keys = ["a:<x>:<y.id>:<self.z>", "b:<x>"]`
+/// Output: `let _ = &x; let _ = &y; let _ = &x;`, after `#[async_trait]`'s `let x = x;`: see
+/// [`Boxed::rebinds`].
+fn touch_key_params(keys: &[Key]) -> TokenStream {
+    let parts = keys.iter().flat_map(|key| &key.parts);
+    let params = parts.filter_map(|part| match part {
         Part::Value {
             root: Root::Param(ident),
             ..
@@ -330,4 +345,88 @@ impl VisitMut for ImplTraitEraser {
 pub(crate) fn with_errors(item: TokenStream, errors: &syn::Error) -> TokenStream {
     let errors = errors.to_compile_error();
     quote!(#errors #item)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::validate::validate;
+    use proc_macro2::TokenStream;
+    use quote::quote;
+
+    /// The expansion as text without spaces, for `contains` checks.
+    fn expand(attr: TokenStream, item: TokenStream) -> String {
+        match validate(attr, item) {
+            Ok(locked) => super::locked_fn(&locked).to_string().replace(' ', ""),
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    #[test]
+    fn keys_become_one_call_in_the_order_written() {
+        let out = expand(
+            quote!(
+                keys = ["w:<to>", "w:<from>"],
+                wait = "5s",
+                max_hold = "2m",
+                reentrant = false
+            ),
+            quote!(
+                async fn transfer(from: u64, to: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        let call = "let__lock_call=::lock_runtime::__private::Call{keys:::std::vec![";
+        assert!(out.contains(call), "{out}");
+        assert!(
+            out.contains(
+                "ttl:::core::option::Option::None,\
+                 wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
+                 max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
+                 reentrant:false,}"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::acquire(__lock_call).await"),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::until_lost(&__lock_guard,asyncmove{"),
+            "{out}"
+        );
+        // `to` is rendered before `from`, as written.
+        let to = out.find("=&to;");
+        assert!(to.is_some() && to < out.find("=&from;"), "{out}");
+    }
+
+    #[test]
+    fn sync_bodies_run_in_the_guards_scope() {
+        let out = expand(
+            quote!(key = "k:<id>", guard = lock),
+            quote!(
+                fn f(id: u64) -> Result<u64, E> {
+                    Ok(id)
+                }
+            ),
+        );
+        assert!(out.contains("keys:::std::vec![{"), "{out}");
+        assert!(out.contains("reentrant:true,"), "{out}");
+        assert!(
+            out.contains("max_hold:::core::option::Option::None,"),
+            "{out}"
+        );
+        assert!(
+            out.contains("::lock_runtime::__private::acquire_blocking(__lock_call)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("letlock=&__lock_guard;::lock_runtime::__private::run_blocking(&__lock_guard,move||{"),
+            "{out}"
+        );
+        assert!(
+            out.contains("finish_blocking(__lock_guard,{__lock_out})"),
+            "{out}"
+        );
+    }
 }

@@ -81,9 +81,12 @@ pub(crate) struct Locked {
     /// An `#[async_trait]` method: the lock goes inside its `Box::pin(async move { .. })`, and
     /// `body` is the fn's body around it.
     pub(crate) boxed: Option<Boxed>,
-    pub(crate) key: Key,
+    /// One per template, in the order written (the runtime sorts and dedupes the rendered keys).
+    pub(crate) keys: Vec<Key>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) reentrant: bool,
     pub(crate) guard: Option<Ident>,
     /// Parameters bound with `mut`. The body reads them from inside a `move` closure or async block,
     /// where a parameter overwritten before it is read would warn "value captured by `x` is never
@@ -104,9 +107,11 @@ pub(crate) struct Key {
 pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Locked> {
     let mut errors = Errors::default();
     let Args {
-        key,
+        keys,
         ttl,
         wait,
+        max_hold,
+        reentrant,
         guard,
         krate,
     } = args::parse(attr, &mut errors);
@@ -133,17 +138,24 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
     check_signature(&sig, &output, body.is_some(), &mut errors);
     let scope = scope(&sig);
     let mutable = mutable_bindings(&sig);
-    let key = key.and_then(|lit| match key::parse(&lit.value(), &scope) {
-        Ok(parts) => Some(Key { lit, parts }),
-        Err(problems) => {
-            for problem in problems {
-                errors.push(syn::Error::new(
-                    subspan(&lit, problem.range),
-                    problem.message,
-                ));
-            }
-            None
-        }
+    let keys = keys.and_then(|lits| {
+        // Every template is parsed, so each reports its own mistakes.
+        let keys: Vec<Option<Key>> = lits
+            .into_iter()
+            .map(|lit| match key::parse(&lit.value(), &scope) {
+                Ok(parts) => Some(Key { lit, parts }),
+                Err(problems) => {
+                    for problem in problems {
+                        errors.push(syn::Error::new(
+                            subspan(&lit, problem.range),
+                            problem.message,
+                        ));
+                    }
+                    None
+                }
+            })
+            .collect();
+        keys.into_iter().collect::<Option<Vec<Key>>>()
     });
     let shadowed = guard.as_ref().and_then(|guard| {
         scope
@@ -166,17 +178,19 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         Some(path) => quote!(#path::__private),
         None => quote!(::lock_runtime::__private),
     };
-    match (key, body) {
-        (Some(key), Some(body)) if errors.is_empty() => Ok(Locked {
+    match (keys, body) {
+        (Some(keys), Some(body)) if errors.is_empty() => Ok(Locked {
             attrs,
             vis,
             sig,
             body,
             output,
             boxed,
-            key,
+            keys,
             ttl,
             wait,
+            max_hold,
+            reentrant: reentrant.unwrap_or(true),
             guard,
             mutable,
             private,

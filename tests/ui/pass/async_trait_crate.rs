@@ -72,6 +72,25 @@ impl Wallets for Bank {
 }
 
 #[async_trait]
+trait Transfers {
+    async fn transfer(&self, from: u32, to: u32, amount: u64) -> Result<u64, BankError>;
+}
+
+#[async_trait]
+impl Transfers for Bank {
+    // `keys`, with parameters used only by the keys, and the other new arguments.
+    #[distributed_lock(
+        keys = ["ledger:<self.name>:<from>", "ledger:<self.name>:<to>"],
+        max_hold = "1m",
+        reentrant = false
+    )]
+    async fn transfer(&self, from: u32, to: u32, amount: u64) -> Result<u64, BankError> {
+        tokio::task::yield_now().await;
+        Ok(amount)
+    }
+}
+
+#[async_trait]
 impl Ledger for Bank {
     // A user error type with `From<LockError>`.
     #[distributed_lock(key = "ledger:<self.name>:<account>")]
@@ -95,6 +114,8 @@ async fn main() {
     assert_eq!(bank.rename("bb".into()).await.unwrap(), 2);
     assert_eq!(bank.debit(1, 2).await, Ok(3));
     assert_eq!(bank.debit(1, 20).await, Err(BankError::Insufficient));
+    assert_eq!(bank.transfer(1, 2, 5).await, Ok(5));
+    assert_eq!(bank.transfer(2, 2, 6).await, Ok(6));
 
     // Through a trait object, and spawned: the boxed future stays `Send`.
     let bank: Arc<dyn Wallets + Send + Sync> = Arc::new(bank);

@@ -70,13 +70,14 @@ fn show(what: impl fmt::Display) -> Result<String, LockError> {
     Ok(what.to_string())
 }
 
-// Nested locks on the same key contend instead of deadlocking: the inner call fails fast.
+// A non-reentrant nested lock on the same key contends instead of deadlocking: the inner call
+// fails fast. (Reentrant nesting, the default, is in `reentrant.rs`.)
 #[distributed_lock(key = "wallet:<user_id>")]
 fn outer(user_id: u64) -> Result<Result<(), LockError>, LockError> {
     Ok(inner(user_id))
 }
 
-#[distributed_lock(key = "wallet:<user_id>", wait = "0s")]
+#[distributed_lock(key = "wallet:<user_id>", wait = "0s", reentrant = false)]
 fn inner(user_id: u64) -> Result<(), LockError> {
     let _ = user_id;
     Ok(())

@@ -22,7 +22,7 @@ mod app {
     pub type Result<T, E = lock_runtime::LockError> = std::result::Result<T, E>;
 }
 
-#[distributed_lock(key = "wallet:<user_id>", wait = "0s")]
+#[distributed_lock(key = "wallet:<user_id>", wait = "0s", reentrant = false)]
 fn withdraw(user_id: u64, balance: u64, amount: u64) -> WalletResult<u64> {
     let _ = user_id;
     if amount > balance {
@@ -54,7 +54,8 @@ fn unit_ok(id: u8) -> Result<(), LockError> {
     Ok(())
 }
 
-// The outer call holds `wallet:1`, so the inner one is contended and reports it in `WalletError`.
+// The outer call holds `wallet:1`, and `withdraw` is not reentrant, so the inner call is contended
+// and reports it in `WalletError`.
 #[distributed_lock(key = "wallet:<user_id>")]
 fn nested(user_id: u64) -> WalletResult<WalletResult<u64>> {
     Ok(withdraw(user_id, 10, 1))
