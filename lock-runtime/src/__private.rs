@@ -7,7 +7,6 @@ pub use core::time::Duration;
 pub use crate::backend::redis_keys;
 
 use crate::Lock;
-use crate::hold::{Verdict, verdict};
 
 /// The return type of a `#[distributed_lock]` function.
 #[diagnostic::on_unimplemented(
@@ -42,70 +41,75 @@ pub trait KeyPart: core::fmt::Display {}
 
 impl<T: core::fmt::Display + ?Sized> KeyPart for T {}
 
-fn lock(key: String, ttl: Option<Duration>, wait: Option<Duration>) -> Lock {
-    let mut lock = Lock::new(key);
-    if let Some(ttl) = ttl {
+/// What one locked call asks for.
+#[derive(Debug)]
+pub struct Call {
+    /// Rendered keys: one for `key`, several for `keys` (the runtime sorts and dedupes them).
+    pub keys: Vec<String>,
+    pub ttl: Option<Duration>,
+    pub wait: Option<Duration>,
+    pub max_hold: Option<Duration>,
+    pub reentrant: bool,
+}
+
+fn lock(call: Call) -> Lock {
+    let mut lock = Lock::many(call.keys).reentrant(call.reentrant);
+    if let Some(ttl) = call.ttl {
         lock = lock.ttl(ttl);
     }
-    if let Some(wait) = wait {
+    if let Some(wait) = call.wait {
         lock = lock.wait(wait);
+    }
+    if let Some(max_hold) = call.max_hold {
+        lock = lock.max_hold(max_hold);
     }
     lock
 }
 
-pub async fn acquire(
-    key: String,
-    ttl: Option<Duration>,
-    wait: Option<Duration>,
-) -> Result<LockGuard, LockError> {
-    lock(key, ttl, wait).acquire().await
+pub async fn acquire(call: Call) -> Result<LockGuard, LockError> {
+    lock(call).acquire().await
 }
 
-pub fn acquire_blocking(
-    key: String,
-    ttl: Option<Duration>,
-    wait: Option<Duration>,
-) -> Result<LockGuard, LockError> {
-    lock(key, ttl, wait).acquire_blocking()
+pub fn acquire_blocking(call: Call) -> Result<LockGuard, LockError> {
+    lock(call).acquire_blocking()
 }
 
 pub fn lock_error<R: LockResult>(err: LockError) -> R {
     R::from_lock_error(err)
 }
 
-/// Runs `body` until it completes or the lock is lost; on loss the body is dropped at its
-/// current `.await` and `None` is returned.
+/// Runs an async body inside the lock's reentrancy scope until it completes, or until the lock
+/// is lost or `max_hold` passes: then the body is dropped at its current `.await` and `None` is
+/// returned.
 pub async fn until_lost<F: Future>(guard: &LockGuard, body: F) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        out = body => Some(out),
-        () = guard.lost() => None,
-    }
+    guard.until_stopped(body).await
 }
 
-/// Releases the guard after an async body and returns the call's result (see `hold::verdict`).
+/// Runs a sync body inside the lock's reentrancy scope (of this thread).
+pub fn run_blocking<R>(guard: &LockGuard, body: impl FnOnce() -> R) -> R {
+    guard.in_scope_blocking(body)
+}
+
+/// Releases the guard after an async body and returns the call's result: the body's, or the
+/// error that replaces it (see `hold::verdict`).
 pub async fn finish<R: LockResult>(guard: LockGuard, out: Option<R>) -> R {
-    let key = guard.key().to_owned();
-    let released = guard.release().await;
-    settle(key, out, released)
+    let verdict = guard.finish(out.as_ref().map(R::is_success)).await;
+    settle(verdict, out)
 }
 
-/// [`finish`] for sync bodies: a lock lost while the body ran turns its success into `Err(Lost)`.
+/// [`finish`] for sync bodies: a lock lost (or held past `max_hold`) while the body ran turns its
+/// success into the error.
 pub fn finish_blocking<R: LockResult>(guard: LockGuard, out: R) -> R {
-    let key = guard.key().to_owned();
-    let released = guard.release_blocking();
-    settle(key, Some(out), released)
+    let verdict = guard.finish_blocking(out.is_success());
+    settle(verdict, Some(out))
 }
 
-fn settle<R: LockResult>(key: String, out: Option<R>, released: Result<(), LockError>) -> R {
-    match (
-        verdict(&key, out.as_ref().map(R::is_success), &released),
-        out,
-    ) {
-        (Verdict::Body, Some(out)) => out,
-        (_, _) => R::from_lock_error(match released {
-            Err(lost @ LockError::Lost { .. }) => lost,
-            _ => LockError::Lost { key },
+fn settle<R: LockResult>(verdict: Result<(), LockError>, out: Option<R>) -> R {
+    match (verdict, out) {
+        (Ok(()), Some(out)) => out,
+        (Err(err), _) => R::from_lock_error(err),
+        (Ok(()), None) => R::from_lock_error(LockError::Runtime {
+            reason: "the body was stopped but no loss was recorded".to_owned(),
         }),
     }
 }

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Attempt, Backend, BoxFuture, Subscription, Token};
+use crate::backend::{Attempt, Backend, BoxFuture, Names, Subscription, Token};
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events;
@@ -20,18 +20,21 @@ use crate::wait::{Backoff, WakeHandle, WakeRegistry};
 /// What one acquisition asks for.
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) name: Arc<str>,
+    /// Sorted, without duplicates.
+    pub(crate) names: Names,
     pub(crate) ttl: Duration,
     /// `None`: wait as long as it takes.
     pub(crate) give_up: Option<Instant>,
     pub(crate) fencing: bool,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 /// A grant.
 #[derive(Debug)]
 pub(crate) struct Granted {
     pub(crate) token: Token,
-    pub(crate) fence: Option<u64>,
+    /// One per key with fencing, else empty.
+    pub(crate) fences: Vec<u64>,
     pub(crate) valid_until: Instant,
 }
 
@@ -54,37 +57,69 @@ pub(crate) trait WaitStrategy: Send {
     -> BoxFuture<'a, ()>;
 }
 
-/// The default strategy: subscribe to release notifications after the first "held" answer, then
-/// retry on a release, on a newly confirmed subscription (a release may have come before it), or
-/// after a jittered backoff capped by the holder's remaining TTL.
+/// The default strategy: subscribe to the release notifications of every key after the first
+/// "held" answer, then retry on a release of any of them, once every key's subscription is
+/// confirmed (a release may have come before), or after a jittered backoff capped by the holder's
+/// remaining TTL.
 pub(crate) struct NotifyOrBackoff<'a> {
     backend: &'a Backend,
     wakers: &'a Arc<WakeRegistry>,
-    name: &'a str,
+    names: &'a Names,
     backoff: Backoff,
     watch: Option<Watching>,
 }
 
 struct Watching {
-    wake: WakeHandle,
-    /// Confirmations still to come, and how many more make a release impossible to miss.
-    pending: FuturesUnordered<BoxFuture<'static, bool>>,
-    needed: usize,
+    /// One per key.
+    wakes: Vec<WakeHandle>,
+    /// Confirmations still to come, each with its key's index.
+    pending: FuturesUnordered<BoxFuture<'static, (usize, bool)>>,
+    /// Per key, how many more confirmations make its release impossible to miss.
+    needed: Vec<usize>,
     /// Dropped with the strategy: unsubscribes.
     _subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
+}
+
+impl Watching {
+    fn start(backend: &Backend, wakers: &Arc<WakeRegistry>, names: &Names) -> Self {
+        let wakes = names.iter().map(|name| wakers.watch(name)).collect();
+        let pending = FuturesUnordered::new();
+        let mut needed = Vec::with_capacity(names.len());
+        let mut keep = Vec::new();
+        for (index, name) in names.iter().enumerate() {
+            let (subscriptions, quorum) = backend.watch(name);
+            needed.push(quorum);
+            for Subscription {
+                confirmed,
+                keep: undo,
+            } in subscriptions
+            {
+                let tagged: BoxFuture<'static, (usize, bool)> =
+                    Box::pin(async move { (index, confirmed.await) });
+                pending.push(tagged);
+                keep.push(undo);
+            }
+        }
+        Watching {
+            wakes,
+            pending,
+            needed,
+            _subscriptions: keep,
+        }
+    }
 }
 
 impl<'a> NotifyOrBackoff<'a> {
     pub(crate) fn new(
         backend: &'a Backend,
         wakers: &'a Arc<WakeRegistry>,
-        name: &'a str,
+        names: &'a Names,
         settings: &Settings,
     ) -> Self {
         NotifyOrBackoff {
             backend,
             wakers,
-            name,
+            names,
             backoff: Backoff::new(settings),
             watch: None,
         }
@@ -94,7 +129,9 @@ impl<'a> NotifyOrBackoff<'a> {
 impl WaitStrategy for NotifyOrBackoff<'_> {
     fn before_attempt(&mut self) {
         if let Some(w) = self.watch.as_mut() {
-            w.wake.mark_seen();
+            for wake in &mut w.wakes {
+                wake.mark_seen();
+            }
         }
     }
 
@@ -108,41 +145,25 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             .next_delay()
             .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)));
         let wake_at = cap(Instant::now(), nap, until);
-        if self.watch.is_none() {
-            let wake = self.wakers.watch(self.name);
-            let (subscriptions, needed) = self.backend.watch(self.name);
-            let pending = FuturesUnordered::new();
-            let mut keep = Vec::with_capacity(subscriptions.len());
-            for Subscription {
-                confirmed,
-                keep: undo,
-            } in subscriptions
-            {
-                pending.push(confirmed);
-                keep.push(undo);
-            }
-            self.watch = Some(Watching {
-                wake,
-                pending,
-                needed,
-                _subscriptions: keep,
-            });
-        }
+        let (backend, wakers, names) = (self.backend, self.wakers, self.names);
+        let w = self
+            .watch
+            .get_or_insert_with(|| Watching::start(backend, wakers, names));
         Box::pin(async move {
-            let Some(w) = self.watch.as_mut() else {
-                return;
-            };
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
             tokio::pin!(sleep);
             loop {
-                let confirming = w.needed > 0 && !w.pending.is_empty();
+                let confirming = w.needed.iter().any(|n| *n > 0) && !w.pending.is_empty();
+                let released = futures_util::future::select_all(
+                    w.wakes.iter_mut().map(|h| Box::pin(h.released())),
+                );
                 tokio::select! {
                     () = &mut sleep => return,
-                    () = w.wake.released() => return,
-                    Some(ok) = w.pending.next(), if confirming => {
-                        if ok {
-                            w.needed -= 1;
-                            if w.needed == 0 {
+                    _ = released => return,
+                    Some((index, ok)) = w.pending.next(), if confirming => {
+                        if ok && w.needed[index] > 0 {
+                            w.needed[index] -= 1;
+                            if w.needed.iter().all(|n| *n == 0) {
                                 // From now on no release can be missed: look again, since one
                                 // may have happened before.
                                 return;
@@ -189,17 +210,17 @@ pub(crate) async fn acquire(
         attempts += 1;
         let attempt_start = Instant::now();
         let attempt = backend
-            .acquire(&req.name, &token, req.ttl, req.fencing)
+            .acquire(&req.names, &token, req.ttl, req.fencing)
             .await;
         let now = Instant::now();
         let failures = match attempt {
-            Ok(Attempt::Acquired { fence }) => {
+            Ok(Attempt::Acquired { fences }) => {
                 let valid_until = attempt_start + req.ttl.saturating_sub(settings.drift(req.ttl));
                 if valid_until > now {
-                    events::acquired(&req.name, now - started, attempts, fence);
+                    events::acquired(&req.names, now - started, attempts, &fences);
                     break Ok(Granted {
                         token: token.clone(),
-                        fence,
+                        fences,
                         valid_until,
                     });
                 }
@@ -210,12 +231,12 @@ pub(crate) async fn acquire(
                     "acquire before the lock's validity ran out",
                 )]
             }
-            Ok(Attempt::Held { pttl }) => {
+            Ok(Attempt::Held { index, pttl }) => {
                 // `unsure` stays set: after a reconnect, an earlier attempt may still land
                 // behind this answer. A release by token is harmless if it never did.
                 if past(now) {
                     break Err(LockError::Contended {
-                        key: req.name.to_string(),
+                        key: req.names.get(index).unwrap_or(&req.names[0]).to_string(),
                         waited: now - started,
                     });
                 }
@@ -232,11 +253,11 @@ pub(crate) async fn acquire(
         unsure |= failures.iter().any(|f| f.kind.may_have_applied());
         let retry = failures.iter().all(|f| f.kind.is_transient());
         if !retry || final_try {
-            break Err(unavailable(&req.name, failures));
+            break Err(unavailable(&req.names[0], failures));
         }
         if past(now) {
             if !unsure {
-                break Err(unavailable(&req.name, failures));
+                break Err(unavailable(&req.names[0], failures));
             }
             // The last outcome is unknown: ask once more with the same token (the acquire
             // script answers "ours" for it) rather than guess.

@@ -36,7 +36,16 @@ impl LockClient {
 
     /// A lock on `key` through this client (instead of the global one).
     pub fn lock(&self, key: impl Into<String>) -> Lock {
-        Lock::on(Arc::clone(&self.engine), key.into())
+        Lock::new(key).on(Arc::clone(&self.engine))
+    }
+
+    /// A lock over several keys through this client (see [`Lock::many`]).
+    pub fn lock_many<I>(&self, keys: I) -> Lock
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Lock::many(keys).on(Arc::clone(&self.engine))
     }
 
     /// What [`shutdown`](crate::shutdown) does, for this client: releases every lock it still

@@ -53,6 +53,7 @@ impl LockConfig {
                 connect_timeout: Duration::from_secs(1),
                 response_timeout: Duration::from_millis(500),
                 fencing: None,
+                default_max_hold: None,
             },
             runtime: None,
         }
@@ -181,6 +182,15 @@ impl LockConfig {
         self
     }
 
+    /// The longest any lock may be held when the call site names no `max_hold` (default: no
+    /// limit). Past it renewal stops, an async body is cancelled, a sync body runs to its end, and
+    /// the call returns [`LockError::MaxHoldExceeded`]; the lock is released when the body ends
+    /// (or expires by its TTL, at most one TTL later, if the body does not end).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.settings.default_max_hold = Some(max_hold);
+        self
+    }
+
     /// Whether locks carry a fencing token: a per-key number that grows with every grant, which a
     /// resource can use to reject a superseded holder. Default: on for single-node and in-memory
     /// locks, off for Redlock.
@@ -244,6 +254,9 @@ impl LockConfig {
         positive("retry_delay", settings.retry_delay)?;
         positive("connect_timeout", settings.connect_timeout)?;
         positive("response_timeout", settings.response_timeout)?;
+        if let Some(max_hold) = settings.default_max_hold {
+            positive("max_hold", max_hold)?;
+        }
         if settings.connect_timeout > lock_rules::MAX_TTL {
             return Err(LockError::config(
                 "connect_timeout",
@@ -352,6 +365,7 @@ impl fmt::Debug for LockConfig {
             .field("drift_factor", &self.settings.drift_factor)
             .field("connect_timeout", &self.settings.connect_timeout)
             .field("response_timeout", &self.settings.response_timeout)
+            .field("max_hold", &self.settings.default_max_hold)
             .field(
                 "fencing",
                 &format_args!(
@@ -443,6 +457,7 @@ pub(crate) struct Settings {
     pub(crate) response_timeout: Duration,
     /// `None`: on, except for Redlock over more than one node.
     pub(crate) fencing: Option<bool>,
+    pub(crate) default_max_hold: Option<Duration>,
 }
 
 impl Settings {

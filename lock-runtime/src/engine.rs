@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
-use crate::backend::{Backend, MemoryNode, Node, Quorum, RedisNode, Token};
+use crate::backend::{Backend, MemoryNode, Names, Node, Quorum, RedisNode, Token};
 use crate::config::{LockConfig, Settings, ValidBackend};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
@@ -95,29 +95,45 @@ impl Engine {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Checks a lock's arguments against the config: the same rule for every call.
+    /// This engine's identity, for the reentrancy scope.
+    pub(crate) fn id(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+
+    /// Checks a lock's arguments against the config (the same rule for every call) and puts its
+    /// keys in canonical order: sorted, without duplicates.
     pub(crate) fn request(
         &self,
-        name: String,
+        keys: Vec<String>,
         ttl: Option<Duration>,
         wait: Option<Duration>,
+        max_hold: Option<Duration>,
     ) -> Result<Request, LockError> {
         if self.shut_down.load(Ordering::Acquire) {
-            return Err(LockError::Runtime {
-                reason: "lock_runtime::shutdown was called".to_owned(),
-            });
+            return Err(shut_down());
         }
-        if name.is_empty() {
+        if keys.is_empty() {
+            return Err(LockError::config("keys", "must name at least one key"));
+        }
+        if keys.iter().any(String::is_empty) {
             return Err(LockError::config("key", "must not be empty"));
         }
         let ttl = ttl.unwrap_or(self.settings.default_ttl);
         crate::config::check_ttl("ttl", ttl)?;
+        let max_hold = max_hold.or(self.settings.default_max_hold);
+        if max_hold.is_some_and(|d| d.is_zero()) {
+            return Err(LockError::config("max_hold", "must be greater than zero"));
+        }
         let wait = wait.unwrap_or(self.settings.default_wait);
+        let mut keys = keys;
+        keys.sort_unstable();
+        keys.dedup();
         Ok(Request {
-            name: name.into(),
+            names: keys.into_iter().map(Arc::from).collect(),
             ttl,
             give_up: Instant::now().checked_add(wait),
             fencing: self.fencing,
+            max_hold,
         })
     }
 
@@ -129,7 +145,7 @@ impl Engine {
         caller_gone: CancellationToken,
     ) -> Result<Arc<Hold>, LockError> {
         let mut strategy =
-            NotifyOrBackoff::new(&self.backend, &self.wakers, &req.name, &self.settings);
+            NotifyOrBackoff::new(&self.backend, &self.wakers, &req.names, &self.settings);
         let ended = acquire::acquire(
             &self.backend,
             &self.settings,
@@ -140,24 +156,15 @@ impl Engine {
         .await;
         drop(strategy);
         if let Some(token) = ended.unsure {
-            self.cleanup(Arc::clone(&req.name), token, req.ttl);
+            self.cleanup(Arc::clone(&req.names), token, req.ttl);
         }
-        let granted = ended.result?;
-        let hold = Arc::new(Hold::new(
-            req.name,
-            granted.token,
-            req.ttl,
-            granted.fence,
-            granted.valid_until,
-        ));
+        let hold = Arc::new(Hold::new(req.names, ended.result?, req.ttl, req.max_hold));
         self.held().insert(hold.id, Arc::clone(&hold));
         self.renewer.register(Arc::clone(&hold));
         if self.shut_down.load(Ordering::Acquire) {
             // Shut down while this was in flight: give it back at once.
             self.release_in_background(&hold);
-            return Err(LockError::Runtime {
-                reason: "lock_runtime::shutdown was called".to_owned(),
-            });
+            return Err(shut_down());
         }
         Ok(hold)
     }
@@ -175,7 +182,7 @@ impl Engine {
         self.background.spawn_on(
             async move {
                 if let Err(err) = engine.release(&hold).await {
-                    events::release_failed(&hold.name, &err);
+                    events::release_failed(hold.name(), &err);
                 }
             },
             &self.runtime,
@@ -186,14 +193,14 @@ impl Engine {
     /// answers (for up to a minute, or the TTL when longer). An attempt sent before a freeze or a
     /// reset connection can still run when the server resumes; a release answered after the
     /// resume runs after it, so no grant of a failed call outlives the call by more than that.
-    fn cleanup(&self, name: Arc<str>, token: Token, ttl: Duration) {
+    fn cleanup(&self, names: Names, token: Token, ttl: Duration) {
         let backend = Arc::clone(&self.backend);
         self.background.spawn_on(
             async move {
                 let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
                 let mut pause = Duration::from_millis(50);
                 loop {
-                    match backend.release(&name, &token, false).await {
+                    match backend.release(&names, &token, false).await {
                         Ok(_) => return,
                         Err(causes)
                             if Instant::now() < give_up
@@ -203,7 +210,7 @@ impl Engine {
                             pause = (pause * 2).min(Duration::from_secs(1));
                         }
                         Err(causes) => {
-                            events::cleanup_failed(&name, &causes);
+                            events::cleanup_failed(&names[0], &causes);
                             return;
                         }
                     }
@@ -219,7 +226,7 @@ impl Engine {
         self.shut_down.store(true, Ordering::Release);
         let held: Vec<Arc<Hold>> = self.held().drain().map(|(_, hold)| hold).collect();
         for hold in held {
-            hold.declare_lost("lock_runtime::shutdown released it");
+            hold.declare_lost(0, "lock_runtime::shutdown released it");
             let backend = Arc::clone(&self.backend);
             self.background.spawn_on(
                 async move {
@@ -227,7 +234,7 @@ impl Engine {
                     if let Err(err @ LockError::Unavailable { .. }) =
                         hold::release(&hold, &backend).await
                     {
-                        events::release_failed(&hold.name, &err);
+                        events::release_failed(hold.name(), &err);
                     }
                 },
                 &self.runtime,
@@ -238,7 +245,17 @@ impl Engine {
             .settings
             .connect_timeout
             .saturating_add(self.settings.response_timeout);
-        let _ = tokio::time::timeout(bound, self.background.wait()).await;
+        let settled = async {
+            self.background.wait().await;
+            self.backend.settled().await;
+        };
+        let _ = tokio::time::timeout(bound, settled).await;
         self.background.reopen();
+    }
+}
+
+fn shut_down() -> LockError {
+    LockError::Runtime {
+        reason: "lock_runtime::shutdown was called".to_owned(),
     }
 }

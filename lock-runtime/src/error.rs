@@ -33,6 +33,15 @@ pub enum LockError {
         /// The lock's key, without the configured prefix.
         key: String,
     },
+    /// The lock was held for its `max_hold`: renewal stopped, an async body was cancelled, a sync
+    /// body's result was replaced.
+    #[error("lock `{key}` was held for its max_hold ({max_hold:?})")]
+    MaxHoldExceeded {
+        /// The lock's key (the first, for several), without the configured prefix.
+        key: String,
+        /// The limit that passed.
+        max_hold: Duration,
+    },
     /// [`init`](crate::init) was not called before a lock was taken through the global client.
     #[error("lock_runtime::init was not called before using a lock")]
     NotInitialized,
@@ -61,7 +70,8 @@ impl LockError {
         match self {
             LockError::Contended { key, .. }
             | LockError::Unavailable { key, .. }
-            | LockError::Lost { key } => Some(key),
+            | LockError::Lost { key }
+            | LockError::MaxHoldExceeded { key, .. } => Some(key),
             _ => None,
         }
     }

@@ -4,18 +4,13 @@
 //! Levels: `warn` for what needs a person (a lock lost while held, a release that failed after a
 //! loss), `debug` for the normal life of a lock, so `info` stays quiet in normal operation.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{LockError, NodeFailure};
 
-pub(crate) fn acquired(name: &str, waited: Duration, attempts: u32, fence: Option<u64>) {
-    tracing::debug!(
-        key = name,
-        ?waited,
-        attempts,
-        fencing_token = fence,
-        "lock acquired"
-    );
+pub(crate) fn acquired(names: &[Arc<str>], waited: Duration, attempts: u32, fences: &[u64]) {
+    tracing::debug!(keys = ?names, ?waited, attempts, fencing_tokens = ?fences, "lock acquired");
 }
 
 pub(crate) fn not_acquired(err: &LockError, attempts: u32) {
@@ -36,6 +31,14 @@ pub(crate) fn renewal_failed(name: &str, cause: &NodeFailure) {
 
 pub(crate) fn lost(name: &str, why: &str) {
     tracing::warn!(key = name, why, "lock lost while held");
+}
+
+pub(crate) fn max_hold(name: &str, max_hold: Duration) {
+    tracing::warn!(
+        key = name,
+        ?max_hold,
+        "lock held for its max_hold: renewal stopped, body cancelled"
+    );
 }
 
 pub(crate) fn released(name: &str, held_for: Duration) {

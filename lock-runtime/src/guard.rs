@@ -4,7 +4,8 @@ use std::sync::Arc;
 use crate::bridge;
 use crate::engine::Engine;
 use crate::error::LockError;
-use crate::hold::Hold;
+use crate::hold::{self, Hold};
+use crate::scope;
 
 /// Proof that this process holds a lock. The lock is renewed in the background while the guard
 /// lives, and released by [`release`](Self::release), [`release_blocking`](Self::release_blocking),
@@ -18,14 +19,17 @@ pub struct LockGuard {
     hold: Arc<Hold>,
     /// Set once the release was started (by `release*`, or by the drop).
     released: bool,
+    /// A nested call that joined the hold of its task or thread: the outermost guard releases.
+    joined: bool,
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.hold.name)
-            .field("fencing_token", &self.hold.fence)
+            .field("keys", &self.hold.names)
+            .field("fencing_tokens", &self.hold.fences)
             .field("lost", &self.is_lost())
+            .field("joined", &self.joined)
             .finish_non_exhaustive()
     }
 }
@@ -36,22 +40,53 @@ impl LockGuard {
             engine,
             hold,
             released: false,
+            joined: false,
         }
     }
 
-    /// The key, as passed to [`Lock::new`](crate::Lock::new) (without the configured prefix).
+    /// A guard for a nested call that joins `hold`, held by its task or thread: `Err(Lost)` when
+    /// that hold is lost already.
+    pub(crate) fn joined(engine: Arc<Engine>, hold: Arc<Hold>) -> Result<Self, LockError> {
+        if hold.check_lost() {
+            return Err(LockError::Lost {
+                key: hold.lost_name().to_owned(),
+            });
+        }
+        Ok(LockGuard {
+            engine,
+            hold,
+            released: false,
+            joined: true,
+        })
+    }
+
+    /// The key, as passed to [`Lock::new`](crate::Lock::new) (without the configured prefix);
+    /// for a lock over several keys, the first in canonical (sorted) order.
     pub fn key(&self) -> &str {
-        &self.hold.name
+        self.hold.name()
+    }
+
+    /// The keys of this lock, in canonical order: sorted, without duplicates.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.hold.names.iter().map(|name| &**name)
     }
 
     /// A number that grows with every grant of this key, so a resource can reject writes from a
     /// holder that has been superseded. `None` when fencing is off: by default in Redlock mode, or
-    /// when turned off with [`LockConfig::fencing`](crate::LockConfig::fencing).
+    /// when turned off with [`LockConfig::fencing`](crate::LockConfig::fencing). For a lock over
+    /// several keys, the first key's; see [`fencing_token_of`](Self::fencing_token_of).
     ///
     /// A key's counter starts from the server clock in microseconds, so tokens keep growing across
     /// a Redis restart that lost the counter, as long as that clock does not go back.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.hold.fence
+        self.hold.fences.first().copied()
+    }
+
+    /// The fencing token of `key`, one of this lock's keys (`None` for another key, or when
+    /// fencing is off).
+    pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
+        let index = self.hold.names.iter().position(|name| &**name == key)?;
+        self.hold.fences.get(index).copied()
     }
 
     /// True once the lock has been lost: renewal was refused, or its validity ran out before a
@@ -70,6 +105,9 @@ impl LockGuard {
     /// valid (it then expires by its TTL).
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
+        if self.joined {
+            return self.joined_outcome();
+        }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
         bridge::run(&self.engine.runtime, move |_| async move {
             engine.release(&hold).await
@@ -80,6 +118,9 @@ impl LockGuard {
     /// Releases the lock from sync code (blocks this thread, also inside an async runtime).
     pub fn release_blocking(mut self) -> Result<(), LockError> {
         self.released = true;
+        if self.joined {
+            return self.joined_outcome();
+        }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
         bridge::run_blocking(
             &self.engine.runtime,
@@ -88,9 +129,62 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// A joined guard lets go without releasing: the outermost holder releases.
+    fn joined_outcome(&self) -> Result<(), LockError> {
+        if self.hold.check_lost() {
+            Err(LockError::Lost {
+                key: self.hold.lost_name().to_owned(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs an async body inside this lock's reentrancy scope until it completes, or until the
+    /// lock is lost or `max_hold` passes (then `None`: the body is dropped at its `.await`).
+    pub(crate) async fn until_stopped<F: Future>(&self, body: F) -> Option<F::Output> {
+        let body = async {
+            tokio::select! {
+                biased;
+                out = body => Some(out),
+                () = self.hold.stopped() => None,
+            }
+        };
+        if self.joined {
+            body.await
+        } else {
+            scope::enter(self.engine.id(), &self.hold, body).await
+        }
+    }
+
+    /// Runs a sync body inside this lock's reentrancy scope (of this thread).
+    pub(crate) fn in_scope_blocking<R>(&self, body: impl FnOnce() -> R) -> R {
+        if self.joined {
+            body()
+        } else {
+            scope::enter_blocking(self.engine.id(), &self.hold, body)
+        }
+    }
+
+    /// Releases after a body and decides what the call returns (see `hold::verdict`).
+    pub(crate) async fn finish(self, body_ok: Option<bool>) -> Result<(), LockError> {
+        let hold = Arc::clone(&self.hold);
+        let released = self.release().await;
+        hold::verdict(&hold, body_ok, released)
+    }
+
+    /// [`finish`](Self::finish) for sync bodies.
+    pub(crate) fn finish_blocking(self, body_ok: bool) -> Result<(), LockError> {
+        let hold = Arc::clone(&self.hold);
+        let released = self.release_blocking();
+        hold::verdict(&hold, Some(body_ok), released)
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.released {
+        if !self.released && !self.joined {
             // Early return, panic, cancelled future: the release runs on the hosting runtime.
             self.engine.release_in_background(&self.hold);
         }

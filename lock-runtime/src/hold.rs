@@ -10,12 +10,13 @@
 //!   still valid: the lock expires by its TTL.
 
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Token};
+use crate::acquire::Granted;
+use crate::backend::{Backend, Names, Token};
 use crate::error::LockError;
 use crate::events;
 
@@ -30,48 +31,72 @@ fn from_nanos(nanos: u64) -> Instant {
     *EPOCH + Duration::from_nanos(nanos)
 }
 
-/// One granted lock, shared by its guard and the renewal driver.
+/// One granted lock (one key or several), shared by its guard and the renewal driver.
 #[derive(Debug)]
 pub(crate) struct Hold {
     pub(crate) id: u64,
-    pub(crate) name: std::sync::Arc<str>,
+    /// Sorted, without duplicates.
+    pub(crate) names: Names,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
-    pub(crate) fence: Option<u64>,
+    /// One per key with fencing, else empty.
+    pub(crate) fences: Vec<u64>,
     acquired_at: Instant,
+    /// When renewal stops and the body is told to stop (`max_hold`).
+    pub(crate) max_hold: Option<Duration>,
     /// The validity deadline: the lock is ours until then, as far as the last confirmed grant or
     /// renewal shows. Only moves forward.
     valid_until: AtomicU64,
     /// Cancelled when the lock is declared lost.
     lost: CancellationToken,
+    /// The key that was lost (index into `names`).
+    lost_key: AtomicUsize,
+    /// Cancelled when the holder must stop: the lock was lost (a child of `lost`) or `max_hold`
+    /// passed.
+    stop: CancellationToken,
+    max_hold_passed: AtomicBool,
     /// Set when the holder lets go (release, drop, shutdown): renewal stops.
     released: AtomicBool,
 }
 
 impl Hold {
     pub(crate) fn new(
-        name: std::sync::Arc<str>,
-        token: Token,
+        names: Names,
+        granted: Granted,
         ttl: Duration,
-        fence: Option<u64>,
-        valid_until: Instant,
+        max_hold: Option<Duration>,
     ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let lost = CancellationToken::new();
         Hold {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            name,
-            token,
+            names,
+            token: granted.token,
             ttl,
-            fence,
+            fences: granted.fences,
             acquired_at: Instant::now(),
-            valid_until: AtomicU64::new(to_nanos(valid_until)),
-            lost: CancellationToken::new(),
+            max_hold,
+            valid_until: AtomicU64::new(to_nanos(granted.valid_until)),
+            stop: lost.child_token(),
+            lost,
+            lost_key: AtomicUsize::new(0),
+            max_hold_passed: AtomicBool::new(false),
             released: AtomicBool::new(false),
         }
     }
 
+    /// The first key, in errors about the whole lock.
+    pub(crate) fn name(&self) -> &str {
+        &self.names[0]
+    }
+
     pub(crate) fn valid_until(&self) -> Instant {
         from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// When `max_hold` passes, if set.
+    pub(crate) fn max_hold_at(&self) -> Option<Instant> {
+        self.max_hold.and_then(|d| self.acquired_at.checked_add(d))
     }
 
     /// A renewal sent at some instant was confirmed: the lock is valid until `until`. A
@@ -87,19 +112,39 @@ impl Hold {
             return true;
         }
         if Instant::now() >= self.valid_until() {
-            self.declare_lost("validity deadline passed without a confirmed renewal");
+            self.declare_lost(0, "validity deadline passed without a confirmed renewal");
             return true;
         }
         false
     }
 
-    /// Declares the lock lost (once; later calls do nothing).
-    pub(crate) fn declare_lost(&self, why: &str) {
+    /// Declares the lock lost, naming the key at `index` (once; later calls do nothing).
+    pub(crate) fn declare_lost(&self, index: usize, why: &str) {
         if self.is_released() || self.lost.is_cancelled() {
             return;
         }
+        self.lost_key.store(index, Ordering::Release);
         self.lost.cancel();
-        events::lost(&self.name, why);
+        events::lost(self.lost_name(), why);
+    }
+
+    /// The key named in `Lost`.
+    pub(crate) fn lost_name(&self) -> &str {
+        let index = self.lost_key.load(Ordering::Acquire);
+        self.names.get(index).unwrap_or(&self.names[0])
+    }
+
+    /// `max_hold` passed: renewal stops and the body is told to stop.
+    pub(crate) fn pass_max_hold(&self) {
+        if self.max_hold_passed.swap(true, Ordering::AcqRel) || self.is_released() {
+            return;
+        }
+        self.stop.cancel();
+        events::max_hold(self.name(), self.max_hold.unwrap_or_default());
+    }
+
+    pub(crate) fn max_hold_passed(&self) -> bool {
+        self.max_hold_passed.load(Ordering::Acquire)
     }
 
     pub(crate) fn is_declared_lost(&self) -> bool {
@@ -109,6 +154,11 @@ impl Hold {
     /// Resolves once the lock is declared lost.
     pub(crate) fn lost(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.lost.cancelled()
+    }
+
+    /// Resolves once the holder must stop: lost, or `max_hold` passed.
+    pub(crate) fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.stop.cancelled()
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -122,6 +172,12 @@ impl Hold {
         self.released.store(true, Ordering::Release);
         lost
     }
+
+    fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.lost_name().to_owned(),
+        }
+    }
 }
 
 /// Releases `hold` and decides the outcome. `Err(Lost)` when it was lost before the release or
@@ -129,56 +185,117 @@ impl Hold {
 /// still valid (it then expires by its TTL).
 pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockError> {
     let was_lost = hold.let_go();
-    let outcome = backend.release(&hold.name, &hold.token, true).await;
-    let lost = || LockError::Lost {
-        key: hold.name.to_string(),
-    };
+    let outcome = backend.release(&hold.names, &hold.token, true).await;
     match outcome {
         _ if was_lost => {
             if let Err(causes) = outcome {
-                events::cleanup_failed(&hold.name, &causes);
+                events::cleanup_failed(hold.name(), &causes);
             }
-            Err(lost())
+            Err(hold.lost_error())
         }
         Ok(true) => {
-            events::released(&hold.name, hold.acquired_at.elapsed());
+            events::released(hold.name(), hold.acquired_at.elapsed());
             Ok(())
         }
         Ok(false) => {
             // Not ours any more when we let go: someone may have held it meanwhile.
             hold.lost.cancel();
-            events::lost(&hold.name, "found taken or expired at release");
-            Err(lost())
+            events::lost(hold.name(), "found taken or expired at release");
+            Err(hold.lost_error())
         }
         Err(causes) => Err(LockError::Unavailable {
-            key: hold.name.to_string(),
+            key: hold.name().to_owned(),
             causes,
         }),
     }
 }
 
-/// What a locked call returns, given the body's outcome (`None`: cancelled because the lock was
-/// lost; `Some(true)` for a success) and the release's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The body's own result.
-    Body,
-    /// `Err(Lost)`: the body's success (or cancellation) does not survive the loss.
-    Lost,
+/// What a locked call returns, given the body's outcome (`None`: stopped because the lock was
+/// lost or `max_hold` passed; `Some(true)` for a success) and the release's: the body's result
+/// (`Ok`), or the error that replaces it. A success never survives a loss or a passed
+/// `max_hold`; the body's own error stays (it says more about what happened).
+pub(crate) fn verdict(
+    hold: &Hold,
+    body_ok: Option<bool>,
+    released: Result<(), LockError>,
+) -> Result<(), LockError> {
+    let replaced = body_ok != Some(false);
+    if hold.max_hold_passed() && replaced {
+        return Err(LockError::MaxHoldExceeded {
+            key: hold.name().to_owned(),
+            max_hold: hold.max_hold.unwrap_or_default(),
+        });
+    }
+    match released {
+        Err(lost @ LockError::Lost { .. }) if replaced => Err(lost),
+        _ if body_ok.is_none() => Err(hold.lost_error()),
+        Ok(()) | Err(LockError::Lost { .. }) => Ok(()),
+        Err(err) => {
+            events::release_failed(hold.name(), &err);
+            Ok(())
+        }
+    }
 }
 
-pub(crate) fn verdict(
-    name: &str,
-    body_ok: Option<bool>,
-    released: &Result<(), LockError>,
-) -> Verdict {
-    match (body_ok, released) {
-        (None, _) | (Some(true), Err(LockError::Lost { .. })) => Verdict::Lost,
-        // The body's own error stays: it says more than "lost" about what happened.
-        (Some(false), Err(LockError::Lost { .. })) | (Some(_), Ok(())) => Verdict::Body,
-        (Some(_), Err(err)) => {
-            events::release_failed(name, err);
-            Verdict::Body
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn hold(max_hold: Option<Duration>) -> Hold {
+        let names: Names = vec![Arc::from("a"), Arc::from("b")].into();
+        let granted = Granted {
+            token: Token::new(),
+            fences: vec![1, 2],
+            valid_until: Instant::now() + Duration::from_secs(30),
+        };
+        Hold::new(names, granted, Duration::from_secs(30), max_hold)
+    }
+
+    fn lost(key: &str) -> Result<(), LockError> {
+        Err(LockError::Lost {
+            key: key.to_owned(),
+        })
+    }
+
+    #[test]
+    fn a_success_never_survives_a_loss() {
+        let h = hold(None);
+        assert_eq!(verdict(&h, Some(true), Ok(())), Ok(()));
+        assert_eq!(verdict(&h, Some(true), lost("b")), lost("b"));
+        // The body's own error stays.
+        assert_eq!(verdict(&h, Some(false), lost("b")), Ok(()));
+        // A release that could not reach the servers does not undo a body that finished in time.
+        let unavailable = Err(LockError::Unavailable {
+            key: "a".to_owned(),
+            causes: Vec::new(),
+        });
+        assert_eq!(verdict(&h, Some(true), unavailable), Ok(()));
+        // Stopped by a loss: `Lost`, naming the lost key.
+        h.declare_lost(1, "test");
+        assert_eq!(verdict(&h, None, Ok(())), lost("b"));
+    }
+
+    #[test]
+    fn a_passed_max_hold_replaces_a_success() {
+        let h = hold(Some(Duration::from_millis(5)));
+        h.pass_max_hold();
+        let exceeded = Err(LockError::MaxHoldExceeded {
+            key: "a".to_owned(),
+            max_hold: Duration::from_millis(5),
+        });
+        assert_eq!(verdict(&h, None, Ok(())), exceeded);
+        assert_eq!(verdict(&h, Some(true), Ok(())), exceeded);
+        assert_eq!(verdict(&h, Some(false), Ok(())), Ok(()));
+    }
+
+    #[test]
+    fn validity_only_moves_forward() {
+        let h = hold(None);
+        let later = h.valid_until() + Duration::from_secs(5);
+        h.confirm(later);
+        h.confirm(later - Duration::from_secs(10));
+        assert_eq!(to_nanos(h.valid_until()), to_nanos(later));
+        assert!(!h.check_lost());
     }
 }

@@ -34,13 +34,17 @@
 //!
 //! # The attribute
 //!
-//! `#[distributed_lock(key = "...", ttl = "...", wait = "...", guard = NAME, crate = "path")]`
+//! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", reentrant = BOOL,
+//! guard = NAME, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
 //!
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
-//! | `key` | yes | the lock's name: a template, see below | |
+//! | `key` | one of `key`/`keys` | the lock's name: a template, see below | |
+//! | `keys` | one of `key`/`keys` | several templates, one lock over all of them: see [Several keys](#several-keys) | |
 //! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"` (10ms to 365 days); renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
+//! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
+//! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
 //! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |
 //! | `crate` | no | path of this crate when it is re-exported, e.g. `crate = "my_lib::locks"` | `::lock_runtime` |
 //!
@@ -74,6 +78,44 @@
 //! your own error with a `#[from] LockError` variant, `anyhow::Error`, or
 //! `Box<dyn std::error::Error + Send + Sync>`. Anything else is a compile error that says so.
 //!
+//! ## Several keys
+//!
+//! ```no_run
+//! # use lock_runtime::{distributed_lock, LockError};
+//! #[distributed_lock(keys = ["wallet:<from>", "wallet:<to>"], wait = "5s")]
+//! async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), LockError> {
+//!     // both wallets are ours here
+//!     Ok(())
+//! }
+//! ```
+//!
+//! One lock over all the keys, taken all or nothing. The keys are rendered, sorted and
+//! deduplicated, so `transfer(a, b)` and `transfer(b, a)` take them in the same order and never
+//! deadlock, and `transfer(a, a)` locks one key. On one Redis node (and on each node of Redlock)
+//! every key is taken, renewed and released by one script call, atomically; `wait` bounds the
+//! whole acquisition, and a waiter wakes on the release of any of the keys. The lock is lost when
+//! any key is lost (`Lost { key }` names it). Each key has its own fencing token
+//! ([`LockGuard::fencing_token_of`]). Programmatically: [`Lock::many`].
+//!
+//! ## Reentrancy
+//!
+//! A locked function that calls another locked function on the same key (or on a subset of its
+//! keys) from the same task (async) or thread (sync) joins the outer lock: no round trip, no
+//! waiting, and the lock is released when the outermost call ends; a loss reaches every level.
+//! Spawned tasks and other threads are never taken for the holder: they wait like anyone else.
+//! A nested call on more keys than the outer lock holds is a [`LockError::Config`] error
+//! (taking the rest would not be atomic: lock them all in the outer call). With
+//! `reentrant = false` a nested call is an ordinary caller: it waits for the outer call, which
+//! cannot end meanwhile, so it returns `Contended` when its `wait` runs out.
+//!
+//! ## Max hold
+//!
+//! Renewal keeps a lock alive for as long as the body runs, so a body that hangs would hold it
+//! forever. `max_hold = "2m"` (or [`LockConfig::max_hold`] for every lock) caps that: past it
+//! renewal stops, an async body is cancelled at its next `.await` and the lock released at once,
+//! a sync body runs to its end (the lock then expires within one TTL if it never ends), and the
+//! call returns [`LockError::MaxHoldExceeded`].
+//!
 //! # Errors
 //!
 //! | error | when | the body |
@@ -81,8 +123,9 @@
 //! | [`LockError::Contended`] `{ key, waited }` | someone else holds the lock and `wait` ran out | did not run |
 //! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; in Redlock mode, too many nodes failed for a quorum | did not run |
 //! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
+//! | [`LockError::MaxHoldExceeded`] `{ key, max_hold }` | the body ran past `max_hold` | async: stopped at its next `.await`; sync: ran to the end; a success is replaced, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
-//! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`) | did not run |
+//! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`), or a nested call on more keys than its enclosing lock holds (`field: "keys"`) | did not run |
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
@@ -137,7 +180,23 @@
 //!
 //! # The same code without the macro
 //!
-//! [`Lock`] is what the attribute expands to, for code that cannot use an attribute:
+//! [`Lock::run`] does what the attribute does (acquire, run the body in the reentrancy scope,
+//! cancel it on loss or `max_hold`, release, decide the result):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_runtime::{Lock, LockError};
+//!
+//! async fn withdraw(user_id: u64, amount: u64) -> Result<u64, LockError> {
+//!     Lock::new(format!("wallet:{user_id}"))
+//!         .ttl(Duration::from_secs(10))
+//!         .wait(Duration::from_secs(5))
+//!         .run(async move { Ok(100 - amount) })
+//!         .await
+//! }
+//! ```
+//!
+//! By hand, with a [`LockGuard`]:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -203,6 +262,7 @@ mod guard;
 mod hold;
 mod lock;
 mod renew;
+mod scope;
 mod wait;
 
 #[doc(hidden)]

@@ -7,6 +7,7 @@ use crate::engine::Engine;
 use crate::error::LockError;
 use crate::global;
 use crate::guard::LockGuard;
+use crate::scope::{self, Held};
 
 /// A lock to acquire: the programmatic form of `#[distributed_lock]`.
 ///
@@ -22,22 +23,33 @@ use crate::guard::LockGuard;
 ///     .await?;
 /// // ... critical section; `guard.fencing_token()` for the resource ...
 /// guard.release().await?;
+///
+/// // Or let the lock run the body: released at the end, cancelled on loss or max_hold, and a
+/// // success never survives a loss.
+/// let moved = Lock::many(["wallet:1", "wallet:2"])
+///     .wait(Duration::from_secs(5))
+///     .run(async { Ok::<_, lock_runtime::LockError>(30) })
+///     .await?;
 /// # Ok(()) }
 /// ```
 #[must_use = "a Lock does nothing until acquired"]
 pub struct Lock {
     engine: Option<Arc<Engine>>,
-    key: String,
+    keys: Vec<String>,
     ttl: Option<Duration>,
     wait: Option<Duration>,
+    max_hold: Option<Duration>,
+    reentrant: bool,
 }
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
-            .field("key", &self.key)
+            .field("keys", &self.keys)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
+            .field("max_hold", &self.max_hold)
+            .field("reentrant", &self.reentrant)
             .finish_non_exhaustive()
     }
 }
@@ -45,19 +57,30 @@ impl fmt::Debug for Lock {
 impl Lock {
     /// A lock on `key` through the global client set up by [`init`](crate::init).
     pub fn new(key: impl Into<String>) -> Self {
+        Lock::many([key])
+    }
+
+    /// One lock over several keys through the global client: taken all or nothing, in one
+    /// canonical order (sorted, duplicates merged), so `[a, b]` and `[b, a]` never deadlock;
+    /// lost when any key is lost. On one Redis node all keys are taken in one atomic script call.
+    pub fn many<I>(keys: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
         Lock {
             engine: None,
-            key: key.into(),
+            keys: keys.into_iter().map(Into::into).collect(),
             ttl: None,
             wait: None,
+            max_hold: None,
+            reentrant: true,
         }
     }
 
-    pub(crate) fn on(engine: Arc<Engine>, key: String) -> Self {
-        Lock {
-            engine: Some(engine),
-            ..Lock::new(key)
-        }
+    pub(crate) fn on(mut self, engine: Arc<Engine>) -> Self {
+        self.engine = Some(engine);
+        self
     }
 
     /// Time to live (default from the config, 30s). Renewed automatically while the guard lives;
@@ -74,6 +97,27 @@ impl Lock {
         self
     }
 
+    /// The longest the lock may be held (default from the config: no limit). Past it renewal
+    /// stops; a body run by [`run`](Self::run) or the attribute is cancelled (async) or has its
+    /// result replaced (sync) by [`LockError::MaxHoldExceeded`]; a guard held by hand is released
+    /// by its holder, or expires by its TTL.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Whether a call made while the same task (inside [`run`](Self::run) or a locked async
+    /// body) or thread (inside [`run_blocking`](Self::run_blocking) or a locked sync body)
+    /// already holds these keys joins that hold (default: true): no round trip, no waiting, and
+    /// the lock is released when the outermost holder ends. A call on more keys than are held
+    /// is a [`LockError::Config`] error (taking the rest would not be atomic). With `false` a
+    /// nested call is like any other caller: it waits for the outer one, which cannot end
+    /// meanwhile, so it ends in `Contended` once `wait` runs out.
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
     fn engine(&self) -> Result<Arc<Engine>, LockError> {
         match &self.engine {
             Some(engine) => Ok(Arc::clone(engine)),
@@ -81,12 +125,34 @@ impl Lock {
         }
     }
 
+    /// The engine and the request, or a guard that joins a hold of the current scope.
+    fn prepare(self) -> Result<Prepared, LockError> {
+        let engine = self.engine()?;
+        let req = engine.request(self.keys, self.ttl, self.wait, self.max_hold)?;
+        if self.reentrant {
+            match scope::find(engine.id(), &req.names) {
+                Held::Nothing => {}
+                Held::All(hold) => return LockGuard::joined(engine, hold).map(Prepared::Joined),
+                Held::Some => {
+                    return Err(LockError::config(
+                        "keys",
+                        "asks for more keys than the enclosing lock holds; taking the rest would \
+                         not be atomic: lock them all in the outer call",
+                    ));
+                }
+            }
+        }
+        Ok(Prepared::Acquire(engine, req))
+    }
+
     /// Acquires the lock, waiting up to `wait`. Works from any async runtime (the work runs on the
     /// runtime that hosts the client). Dropping the future stops waiting and releases anything
     /// granted meanwhile.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let engine = self.engine()?;
-        let req = engine.request(self.key, self.ttl, self.wait)?;
+        let (engine, req) = match self.prepare()? {
+            Prepared::Joined(guard) => return Ok(guard),
+            Prepared::Acquire(engine, req) => (engine, req),
+        };
         let runtime = engine.runtime.clone();
         bridge::run(&runtime, move |gone| async move {
             let hold = engine.acquire(req, gone).await?;
@@ -99,8 +165,10 @@ impl Lock {
     /// timeout. Safe inside an async runtime too (it blocks that thread, it never panics); on a
     /// current-thread runtime that must also run the holder, it would wait for the full `wait`.
     pub fn acquire_blocking(self) -> Result<LockGuard, LockError> {
-        let engine = self.engine()?;
-        let req = engine.request(self.key, self.ttl, self.wait)?;
+        let (engine, req) = match self.prepare()? {
+            Prepared::Joined(guard) => return Ok(guard),
+            Prepared::Acquire(engine, req) => (engine, req),
+        };
         let runtime = engine.runtime.clone();
         bridge::run_blocking(&runtime, async move {
             let hold = engine
@@ -109,4 +177,49 @@ impl Lock {
             Ok(LockGuard::new(engine, hold))
         })?
     }
+
+    /// Acquires the lock, runs `body` while holding it (renewed; cancelled at its next `.await`
+    /// if the lock is lost or `max_hold` passes), releases it, and returns the body's result:
+    /// what the attribute does. A success never survives a loss (`Err(Lost)`) or a passed
+    /// `max_hold` (`Err(MaxHoldExceeded)`); the body's own error is kept. Nested locks inside
+    /// `body` on the same keys join this one (see [`reentrant`](Self::reentrant)).
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<LockError>,
+    {
+        let guard = self.acquire().await?;
+        let out = guard.until_stopped(body).await;
+        let ok = out.as_ref().map(Result::is_ok);
+        match (guard.finish(ok).await, out) {
+            (Ok(()), Some(out)) => out,
+            (Err(err), _) => Err(err.into()),
+            (Ok(()), None) => Err(LockError::Runtime {
+                reason: "the body was stopped but no loss was recorded".to_owned(),
+            }
+            .into()),
+        }
+    }
+
+    /// [`run`](Self::run) for sync code: blocks this thread to acquire, runs `body` on it, then
+    /// releases. A sync body cannot be interrupted: on loss or a passed `max_hold` it runs to its
+    /// end and its success is replaced by the error.
+    pub fn run_blocking<T, E>(self, body: impl FnOnce() -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<LockError>,
+    {
+        let guard = self.acquire_blocking()?;
+        let out = guard.in_scope_blocking(body);
+        let ok = out.is_ok();
+        match guard.finish_blocking(ok) {
+            Ok(()) => out,
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+enum Prepared {
+    /// The current task or thread holds the keys already.
+    Joined(LockGuard),
+    Acquire(Arc<Engine>, crate::acquire::Request),
 }

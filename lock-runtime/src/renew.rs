@@ -88,7 +88,10 @@ impl Renewer {
 
     /// Keeps `hold` alive until it is released or lost.
     pub(crate) fn register(&self, hold: Arc<Hold>) {
-        let renew_at = self.shared.renew_at(&hold, Instant::now());
+        let mut first = self.shared.renew_at(&hold, Instant::now());
+        if let Some(stop) = hold.max_hold_at() {
+            first = first.min(Instant::from_std(stop));
+        }
         let backlog = {
             let mut joining = self
                 .shared
@@ -98,10 +101,10 @@ impl Renewer {
             joining.push(hold);
             joining.len()
         };
-        let renew_at = self.shared.ms(renew_at);
+        let first = self.shared.ms(first);
         // Read after queueing: the driver publishes its wake-up before it looks at the queue, so
         // either it sees this lock or this sees the wake-up it settled on.
-        if renew_at < self.shared.next_wake_ms.load(Ordering::SeqCst) || backlog >= JOIN_BACKLOG {
+        if first < self.shared.next_wake_ms.load(Ordering::SeqCst) || backlog >= JOIN_BACKLOG {
             self.shared.wake.notify_one();
         }
     }
@@ -126,10 +129,14 @@ struct Entry {
 impl Entry {
     fn wake_at(&self) -> Instant {
         let valid_until = Instant::from_std(self.hold.valid_until());
-        if self.in_flight {
+        let at = if self.in_flight {
             valid_until
         } else {
             self.renew_at.min(valid_until)
+        };
+        match self.hold.max_hold_at() {
+            Some(stop) => at.min(Instant::from_std(stop)),
+            None => at,
         }
     }
 }
@@ -234,6 +241,16 @@ impl Driver {
                 self.remove(id);
                 continue;
             }
+            if entry
+                .hold
+                .max_hold_at()
+                .is_some_and(|stop| Instant::from_std(stop) <= now)
+            {
+                // Renewal stops here; the holder is told to stop and releases.
+                entry.hold.pass_max_hold();
+                self.remove(id);
+                continue;
+            }
             let slack = BATCH_WINDOW.min(self.shared.settings.renew_every(entry.hold.ttl) / 4);
             if !entry.in_flight && entry.renew_at <= now + slack {
                 entry.in_flight = true;
@@ -251,7 +268,7 @@ impl Driver {
             let items: Arc<[OwnedExtendItem]> = due
                 .iter()
                 .map(|hold| OwnedExtendItem {
-                    name: Arc::clone(&hold.name),
+                    names: Arc::clone(&hold.names),
                     token: hold.token.clone(),
                     ttl: hold.ttl,
                 })
@@ -287,13 +304,13 @@ impl Driver {
                 }
                 entry.renew_at = self.shared.renew_at(&hold, sent.max(now));
             }
-            ExtendOutcome::NotOwned => {
-                hold.declare_lost("the lock is no longer ours");
+            ExtendOutcome::NotOwned { index } => {
+                hold.declare_lost(index, "the lock is no longer ours");
                 self.remove(id);
                 return;
             }
             ExtendOutcome::Failed(cause) => {
-                events::renewal_failed(&hold.name, &cause);
+                events::renewal_failed(hold.name(), &cause);
                 let every = settings.renew_every(hold.ttl);
                 entry.renew_at = now + (every / 4).max(Duration::from_millis(5));
             }

@@ -60,63 +60,86 @@ impl MemoryNode {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn acquire_now(&self, name: &str, token: &Token, ttl: Duration, fencing: bool) -> Attempt {
+    fn acquire_now(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Attempt {
         let now = Instant::now();
         let expires = now.checked_add(ttl).unwrap_or(now + lock_rules::MAX_TTL);
         let mut state = self.state();
         state.sweep(now);
-        match state.live(name, now) {
-            Some(entry) if entry.token == *token => {
-                entry.expires = expires;
-                Attempt::Acquired {
-                    fence: fencing.then(|| next_fence(&mut state, name, false)),
+        let mut ours = Vec::with_capacity(names.len());
+        for (index, name) in names.iter().enumerate() {
+            match state.live(name, now) {
+                Some(entry) if entry.token == *token => ours.push(true),
+                Some(entry) => {
+                    return Attempt::Held {
+                        index,
+                        pttl: Some(entry.expires - now),
+                    };
                 }
-            }
-            Some(entry) => Attempt::Held {
-                pttl: Some(entry.expires - now),
-            },
-            None => {
-                let name: Arc<str> = name.into();
-                state.held.insert(
-                    Arc::clone(&name),
-                    Entry {
-                        token: token.clone(),
-                        expires,
-                    },
-                );
-                Attempt::Acquired {
-                    fence: fencing.then(|| next_fence(&mut state, &name, true)),
-                }
+                None => ours.push(false),
             }
         }
+        let mut fences = Vec::new();
+        for (name, ours) in names.iter().zip(ours) {
+            state.held.insert(
+                Arc::clone(name),
+                Entry {
+                    token: token.clone(),
+                    expires,
+                },
+            );
+            if fencing {
+                fences.push(next_fence(&mut state, name, !ours));
+            }
+        }
+        Attempt::Acquired { fences }
     }
 
     fn extend_now(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
         let now = Instant::now();
-        match self.state().live(item.name, now) {
-            Some(entry) if entry.token == *item.token => {
-                entry.expires = now.checked_add(item.ttl).unwrap_or(entry.expires);
-                ExtendOutcome::Extended
+        let mut state = self.state();
+        for (index, name) in item.names.iter().enumerate() {
+            if !state
+                .live(name, now)
+                .is_some_and(|entry| entry.token == *item.token)
+            {
+                return ExtendOutcome::NotOwned { index };
             }
-            _ => ExtendOutcome::NotOwned,
         }
+        for name in item.names {
+            if let Some(entry) = state.held.get_mut(&**name) {
+                entry.expires = now.checked_add(item.ttl).unwrap_or(entry.expires);
+            }
+        }
+        ExtendOutcome::Extended
     }
 
-    fn release_now(&self, name: &str, token: &Token, wake: bool) -> bool {
-        let ours = {
+    fn release_now(&self, names: &[Arc<str>], token: &Token, wake: bool) -> bool {
+        let now = Instant::now();
+        let mut released = Vec::with_capacity(names.len());
+        {
             let mut state = self.state();
-            let ours = state
-                .live(name, Instant::now())
-                .is_some_and(|entry| entry.token == *token);
-            if ours {
-                state.held.remove(name);
+            for name in names {
+                if state
+                    .live(name, now)
+                    .is_some_and(|entry| entry.token == *token)
+                {
+                    state.held.remove(&**name);
+                    released.push(name);
+                }
             }
-            ours
-        };
-        if ours && wake {
-            self.wakers.notify(name);
         }
-        ours
+        if wake {
+            for name in &released {
+                self.wakers.notify(name);
+            }
+        }
+        released.len() == names.len()
     }
 }
 
@@ -137,12 +160,12 @@ fn next_fence(state: &mut State, name: &str, bump: bool) -> u64 {
 impl Node for MemoryNode {
     fn acquire<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         ttl: Duration,
         fencing: bool,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let attempt = self.acquire_now(name, token, ttl, fencing);
+        let attempt = self.acquire_now(names, token, ttl, fencing);
         Box::pin(std::future::ready(Ok(attempt)))
     }
 
@@ -153,23 +176,25 @@ impl Node for MemoryNode {
 
     fn release<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.release_now(name, token, wake);
+        let ours = self.release_now(names, token, wake);
         Box::pin(std::future::ready(Ok(ours)))
     }
 
-    fn raise_fence<'a>(
+    fn raise_fences<'a>(
         &'a self,
-        name: &'a str,
-        fence: u64,
+        names: &'a [Arc<str>],
+        fences: &'a [u64],
     ) -> BoxFuture<'a, Result<(), NodeFailure>> {
         let mut state = self.state();
-        let counter = next_fence(&mut state, name, false);
-        if counter < fence {
-            state.fences.insert(name.into(), fence);
+        for (name, fence) in names.iter().zip(fences) {
+            let counter = next_fence(&mut state, name, false);
+            if counter < *fence {
+                state.fences.insert(Arc::clone(name), *fence);
+            }
         }
         Box::pin(std::future::ready(Ok(())))
     }

@@ -20,37 +20,42 @@ pub(crate) use redlock::Quorum;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The keys of one lock: sorted, without duplicates, at least one. Several keys are taken all or
+/// nothing.
+pub(crate) type Names = Arc<[Arc<str>]>;
+
 /// One lock server. Every method is one request (one script call per Redis node), bounded by the
-/// node's own request timeout.
+/// node's own request timeout, and covers every key of a lock at once.
 pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
-    /// Takes `name` for `token`, or refreshes it when `token` already holds it (a retry after an
-    /// unknown outcome answers "ours" rather than "held").
+    /// Takes every key of `names` for `token`, or none; refreshes those `token` already holds (a
+    /// retry after an unknown outcome answers "ours" rather than "held").
     fn acquire<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         ttl: Duration,
         fencing: bool,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>>;
 
-    /// Extends each item for which the node still holds its token; one outcome per item, in
-    /// order. A bad item never fails the others.
+    /// Extends each item for which the node still holds its token on every key; one outcome per
+    /// item, in order. A bad item never fails the others.
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>>;
 
-    /// Deletes the lock when `token` holds it and, when `wake`, notifies the waiters. `Ok(true)`
-    /// when it was ours.
+    /// Deletes every key of `names` that `token` holds and, when `wake`, notifies their waiters.
+    /// `Ok(true)` when all of them were ours.
     fn release<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>>;
 
-    /// Raises `name`'s fence counter to at least `fence` (Redlock fencing write-back).
-    fn raise_fence<'a>(
+    /// Raises each key's fence counter to at least its value in `fences` (Redlock fencing
+    /// write-back).
+    fn raise_fences<'a>(
         &'a self,
-        name: &'a str,
-        fence: u64,
+        names: &'a [Arc<str>],
+        fences: &'a [u64],
     ) -> BoxFuture<'a, Result<(), NodeFailure>>;
 
     /// Starts listening for releases of `name` on this node; releases then wake the client's
@@ -77,7 +82,7 @@ impl fmt::Debug for Subscription {
 /// One lock to extend.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ExtendItem<'a> {
-    pub(crate) name: &'a str,
+    pub(crate) names: &'a [Arc<str>],
     pub(crate) token: &'a Token,
     pub(crate) ttl: Duration,
 }
@@ -107,13 +112,13 @@ impl fmt::Debug for Token {
 }
 
 /// The answer to one acquire attempt.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Attempt {
-    Acquired {
-        fence: Option<u64>,
-    },
-    /// Someone else holds it; `pttl` is its remaining time to live when known.
+    /// Every key is ours; with fencing, one token per key (in key order), else empty.
+    Acquired { fences: Vec<u64> },
+    /// Someone else holds the key at `index`; `pttl` is its remaining time to live when known.
     Held {
+        index: usize,
         pttl: Option<Duration>,
     },
 }
@@ -122,8 +127,10 @@ pub(crate) enum Attempt {
 #[derive(Debug, Clone)]
 pub(crate) enum ExtendOutcome {
     Extended,
-    /// The lock is no longer ours (expired, deleted, or taken by someone else).
-    NotOwned,
+    /// The key at `index` is no longer ours (expired, deleted, or taken by someone else).
+    NotOwned {
+        index: usize,
+    },
     /// No answer that settles it; the renewal driver retries until the validity deadline.
     Failed(NodeFailure),
 }
@@ -138,17 +145,17 @@ pub(crate) enum Backend {
 impl Backend {
     pub(crate) async fn acquire(
         &self,
-        name: &Arc<str>,
+        names: &Names,
         token: &Token,
         ttl: Duration,
         fencing: bool,
     ) -> Result<Attempt, Vec<NodeFailure>> {
         match self {
             Backend::One(node) => node
-                .acquire(name, token, ttl, fencing)
+                .acquire(names, token, ttl, fencing)
                 .await
                 .map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => quorum.acquire(name, token, ttl, fencing).await,
+            Backend::Quorum(quorum) => quorum.acquire(names, token, ttl, fencing).await,
         }
     }
 
@@ -173,13 +180,21 @@ impl Backend {
     /// `Ok(true)` when the lock was ours up to the release.
     pub(crate) async fn release(
         &self,
-        name: &Arc<str>,
+        names: &Names,
         token: &Token,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         match self {
-            Backend::One(node) => node.release(name, token, wake).await.map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => quorum.release(name, token, wake).await,
+            Backend::One(node) => node.release(names, token, wake).await.map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.release(names, token, wake).await,
+        }
+    }
+
+    /// Resolves once no request started so far is still running on any node (Redlock finishes
+    /// its slower nodes in the background).
+    pub(crate) async fn settled(&self) {
+        if let Backend::Quorum(quorum) = self {
+            quorum.settled().await;
         }
     }
 
@@ -197,7 +212,7 @@ impl Backend {
 /// An [`ExtendItem`] that owns its parts, to cross task boundaries.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedExtendItem {
-    pub(crate) name: Arc<str>,
+    pub(crate) names: Names,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
 }
@@ -205,7 +220,7 @@ pub(crate) struct OwnedExtendItem {
 impl OwnedExtendItem {
     pub(crate) fn borrow(&self) -> ExtendItem<'_> {
         ExtendItem {
-            name: &self.name,
+            names: &self.names,
             token: &self.token,
             ttl: self.ttl,
         }

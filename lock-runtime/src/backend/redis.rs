@@ -157,12 +157,12 @@ impl RedisNode {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for item in chunk {
-            let [lock, ..] = self.keys(item.name);
             let mut invocation = scripts::EXTEND.prepare_invoke();
-            invocation
-                .key(lock)
-                .arg(item.token.as_str())
-                .arg(millis(item.ttl));
+            for name in item.names {
+                let [lock, ..] = self.keys(name);
+                invocation.key(lock);
+            }
+            invocation.arg(item.token.as_str()).arg(millis(item.ttl));
             pipe.invoke_script(&invocation);
         }
         let mut conn = self.conn.clone();
@@ -196,7 +196,9 @@ impl RedisNode {
                 .into_iter()
                 .map(|reply| match reply {
                     Ok(1) => ExtendOutcome::Extended,
-                    Ok(_) => ExtendOutcome::NotOwned,
+                    Ok(n) => ExtendOutcome::NotOwned {
+                        index: usize::try_from(-n - 1).unwrap_or(0),
+                    },
                     Err(err) => ExtendOutcome::Failed(NodeFailure::from_redis(&self.addr, &err)),
                 })
                 .collect(),
@@ -218,34 +220,51 @@ impl RedisNode {
 impl Node for RedisNode {
     fn acquire<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         ttl: Duration,
         fencing: bool,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
         Box::pin(async move {
-            let [lock, fence, _] = self.keys(name);
-            let mut conn = self.conn.clone();
             let mut invocation = scripts::ACQUIRE.prepare_invoke();
+            let mut fences = Vec::with_capacity(names.len());
+            for name in names {
+                let [lock, fence, _] = self.keys(name);
+                invocation.key(lock);
+                fences.push(fence);
+            }
+            for fence in fences {
+                invocation.key(fence);
+            }
             invocation
-                .key(lock)
-                .key(fence)
                 .arg(token.as_str())
                 .arg(millis(ttl))
                 .arg(if fencing { "1" } else { "0" });
-            let (ours, value): (i64, i64) = self
+            let mut conn = self.conn.clone();
+            let reply: Vec<i64> = self
                 .bounded("acquire", invocation.invoke_async(&mut conn))
                 .await?;
-            Ok(if ours == 1 {
-                Attempt::Acquired {
-                    fence: fencing.then(|| u64::try_from(value).unwrap_or(0)),
-                }
-            } else {
-                Attempt::Held {
+            match reply.as_slice() {
+                [1, fences @ ..] if fences.len() == names.len() => Ok(Attempt::Acquired {
+                    fences: if fencing {
+                        fences
+                            .iter()
+                            .map(|f| u64::try_from(*f).unwrap_or(0))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                }),
+                [0, index, pttl] => Ok(Attempt::Held {
+                    index: usize::try_from(*index - 1).unwrap_or(0),
                     // -1: the key has no expiry (set by someone else without one); wait by backoff.
-                    pttl: u64::try_from(value).ok().map(Duration::from_millis),
-                }
-            })
+                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                }),
+                _ => Err(NodeFailure::response(
+                    &self.addr,
+                    "acquire: unexpected reply",
+                )),
+            }
         })
     }
 
@@ -261,35 +280,39 @@ impl Node for RedisNode {
 
     fn release<'a>(
         &'a self,
-        name: &'a str,
+        names: &'a [Arc<str>],
         token: &'a Token,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         Box::pin(async move {
-            let [lock, _, channel] = self.keys(name);
-            let mut conn = self.conn.clone();
             let mut invocation = scripts::RELEASE.prepare_invoke();
-            invocation
-                .key(lock)
-                .arg(token.as_str())
-                .arg(if wake { channel.as_str() } else { "" });
+            invocation.arg(token.as_str());
+            for name in names {
+                let [lock, _, channel] = self.keys(name);
+                invocation
+                    .key(lock)
+                    .arg(if wake { channel } else { String::new() });
+            }
+            let mut conn = self.conn.clone();
             let deleted: i64 = self
                 .bounded("release", invocation.invoke_async(&mut conn))
                 .await?;
-            Ok(deleted == 1)
+            Ok(usize::try_from(deleted) == Ok(names.len()))
         })
     }
 
-    fn raise_fence<'a>(
+    fn raise_fences<'a>(
         &'a self,
-        name: &'a str,
-        fence: u64,
+        names: &'a [Arc<str>],
+        fences: &'a [u64],
     ) -> BoxFuture<'a, Result<(), NodeFailure>> {
         Box::pin(async move {
-            let [_, fence_key, _] = self.keys(name);
-            let mut conn = self.conn.clone();
             let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
-            invocation.key(fence_key).arg(fence);
+            for (name, fence) in names.iter().zip(fences) {
+                let [_, fence_key, _] = self.keys(name);
+                invocation.key(fence_key).arg(*fence);
+            }
+            let mut conn = self.conn.clone();
             self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
                 .await
                 .map(drop)

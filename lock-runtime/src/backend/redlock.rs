@@ -15,12 +15,16 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::{Attempt, ExtendOutcome, Node, OwnedExtendItem, Subscription, Token};
+use super::{Attempt, ExtendOutcome, Names, Node, OwnedExtendItem, Subscription, Token};
 use crate::error::NodeFailure;
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
+    /// Every node's part of every operation runs as one of these tasks, to its end, also after
+    /// the decision; `shutdown` waits for them.
+    tasks: TaskTracker,
     quorum: usize,
     /// The latest acquire or release of each (lock, token) that still runs on some node.
     in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
@@ -36,8 +40,8 @@ impl std::fmt::Debug for Quorum {
     }
 }
 
-/// A lock's name and a token.
-type OpKey = (Arc<str>, Token);
+/// The token of one acquisition (tokens are unique per acquisition).
+type OpKey = Token;
 
 /// Per node, in node order: how the operation is going there.
 type NodeSignals = Arc<[NodeSignal]>;
@@ -121,13 +125,14 @@ impl Quorum {
         Quorum {
             quorum: nodes.len() / 2 + 1,
             nodes,
+            tasks: TaskTracker::new(),
             in_flight: Arc::default(),
         }
     }
 
-    /// Starts an operation of `token` on `name`: one step per node, in node order.
-    fn begin(&self, name: &Arc<str>, token: &Token) -> Vec<NodeStep> {
-        let key = (Arc::clone(name), token.clone());
+    /// Starts an operation of `token`: one step per node, in node order.
+    fn begin(&self, token: &Token) -> Vec<NodeStep> {
+        let key = token.clone();
         let signals: NodeSignals = self.nodes.iter().map(|_| NodeSignal::default()).collect();
         let previous = self
             .in_flight
@@ -157,7 +162,7 @@ impl Quorum {
     /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
     pub(crate) async fn acquire(
         &self,
-        name: &Arc<str>,
+        names: &Names,
         token: &Token,
         ttl: Duration,
         fencing: bool,
@@ -166,10 +171,10 @@ impl Quorum {
         // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
         // before deciding): withdraw them.
         let (verdict_tx, verdict) = watch::channel(None::<bool>);
-        for (node, step) in self.nodes.iter().zip(self.begin(name, token)) {
-            let (node, name, token) = (Arc::clone(node), Arc::clone(name), token.clone());
+        for (node, step) in self.nodes.iter().zip(self.begin(token)) {
+            let (node, names, token) = (Arc::clone(node), Arc::clone(names), token.clone());
             let (reply_tx, mut verdict) = (reply_tx.clone(), verdict.clone());
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 if let Some(failure) = step.node_failing() {
                     // The previous attempt failed on this node and is still waiting on it: count
                     // the node as failed (same cause) at once rather than queue behind it and hold
@@ -180,7 +185,7 @@ impl Quorum {
                     return;
                 }
                 step.after_previous().await;
-                let reply = node.acquire(&name, &token, ttl, fencing).await;
+                let reply = node.acquire(&names, &token, ttl, fencing).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -195,7 +200,7 @@ impl Quorum {
                     // published. Otherwise every split vote would wake every waiter at once, they
                     // would all retry together and split the vote again (close to a livelock);
                     // instead they retry after their jittered backoff.
-                    if let Err(failure) = node.release(&name, &token, false).await {
+                    if let Err(failure) = node.release(&names, &token, false).await {
                         step.mark_failed(&failure);
                     }
                 }
@@ -207,19 +212,28 @@ impl Quorum {
         let spare = self.nodes.len() - self.quorum;
         let mut pending = self.nodes.len();
         let mut won = 0;
-        let mut fence = 0;
-        let mut shortest_pttl: Option<Duration> = None;
+        // Per key, the largest token of the granting nodes.
+        let mut fences = vec![0u64; if fencing { names.len() } else { 0 }];
+        let mut held: Option<(usize, Option<Duration>)> = None;
         let mut failures = Vec::new();
         while let Some(reply) = replies.recv().await {
             pending -= 1;
             match reply {
-                Ok(Attempt::Acquired { fence: granted }) => {
+                Ok(Attempt::Acquired { fences: granted }) => {
                     won += 1;
-                    fence = fence.max(granted.unwrap_or(0));
+                    for (f, g) in fences.iter_mut().zip(granted) {
+                        *f = (*f).max(g);
+                    }
                 }
-                Ok(Attempt::Held { pttl }) => {
-                    if let Some(p) = pttl {
-                        shortest_pttl = Some(shortest_pttl.map_or(p, |s| s.min(p)));
+                Ok(Attempt::Held { index, pttl }) => {
+                    // The blocking key with the shortest known remaining time.
+                    let shorter = match (held, pttl) {
+                        (None, _) | (Some((_, None)), Some(_)) => true,
+                        (Some((_, Some(s))), Some(p)) => p < s,
+                        _ => false,
+                    };
+                    if shorter {
+                        held = Some((index, pttl));
                     }
                 }
                 Err(failure) => failures.push(failure),
@@ -234,34 +248,37 @@ impl Quorum {
         }
         let mut acquired = won >= self.quorum;
         if acquired && fencing {
-            if let Err(raise_failures) = self.raise_fence(name, fence).await {
+            if let Err(raise_failures) = self.raise_fences(names, &fences).await {
                 acquired = false;
                 failures = raise_failures;
             }
         }
         verdict_tx.send_replace(Some(acquired));
         if acquired {
-            Ok(Attempt::Acquired {
-                fence: fencing.then_some(fence),
-            })
+            Ok(Attempt::Acquired { fences })
         } else if failures.len() > spare {
             Err(failures)
         } else {
-            Ok(Attempt::Held {
-                pttl: shortest_pttl,
-            })
+            let (index, pttl) = held.unwrap_or((0, None));
+            Ok(Attempt::Held { index, pttl })
         }
     }
 
     /// Writes the granted token back to the nodes' fence counters and returns once a majority has
     /// it: any later grant's majority shares a node with this one, whose counter then makes the
     /// later token larger. The other nodes finish in the background.
-    async fn raise_fence(&self, name: &Arc<str>, fence: u64) -> Result<(), Vec<NodeFailure>> {
+    async fn raise_fences(&self, names: &Names, fences: &[u64]) -> Result<(), Vec<NodeFailure>> {
+        let fences: Arc<[u64]> = fences.into();
         let (tx, mut replies) = mpsc::unbounded_channel();
         for node in &self.nodes {
-            let (node, name, tx) = (Arc::clone(node), Arc::clone(name), tx.clone());
-            tokio::spawn(async move {
-                let _ = tx.send(node.raise_fence(&name, fence).await);
+            let (node, names, fences, tx) = (
+                Arc::clone(node),
+                Arc::clone(names),
+                Arc::clone(&fences),
+                tx.clone(),
+            );
+            self.tasks.spawn(async move {
+                let _ = tx.send(node.raise_fences(&names, &fences).await);
             });
         }
         drop(tx);
@@ -298,7 +315,7 @@ impl Quorum {
         let (tx, mut pending) = mpsc::unbounded_channel();
         for node in &self.nodes {
             let (node, items, tx) = (Arc::clone(node), Arc::clone(&items), tx.clone());
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 let borrowed: Vec<_> = items.iter().map(OwnedExtendItem::borrow).collect();
                 let _ = tx.send(node.extend_many(&borrowed).await);
             });
@@ -307,6 +324,8 @@ impl Quorum {
         let n = self.nodes.len();
         let mut yes = vec![0usize; items.len()];
         let mut no = vec![0usize; items.len()];
+        // Per item, the key the first "not yours" named.
+        let mut lost_key = vec![0usize; items.len()];
         let mut first_failure: Vec<Option<NodeFailure>> = vec![None; items.len()];
         let mut settled = vec![false; items.len()];
         let mut open = items.len();
@@ -317,7 +336,12 @@ impl Quorum {
                 }
                 match reply {
                     ExtendOutcome::Extended => yes[i] += 1,
-                    ExtendOutcome::NotOwned => no[i] += 1,
+                    ExtendOutcome::NotOwned { index } => {
+                        if no[i] == 0 {
+                            lost_key[i] = index;
+                        }
+                        no[i] += 1;
+                    }
                     ExtendOutcome::Failed(f) => {
                         first_failure[i].get_or_insert(f);
                     }
@@ -325,7 +349,7 @@ impl Quorum {
                 let outcome = if yes[i] >= self.quorum {
                     ExtendOutcome::Extended
                 } else if n - no[i] < self.quorum {
-                    ExtendOutcome::NotOwned
+                    ExtendOutcome::NotOwned { index: lost_key[i] }
                 } else {
                     continue;
                 };
@@ -354,22 +378,22 @@ impl Quorum {
     /// minority never makes the caller wait.
     pub(crate) async fn release(
         &self,
-        name: &Arc<str>,
+        names: &Names,
         token: &Token,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
-        for (node, step) in self.nodes.iter().zip(self.begin(name, token)) {
-            let (node, name, token, tx) = (
+        for (node, step) in self.nodes.iter().zip(self.begin(token)) {
+            let (node, names, token, tx) = (
                 Arc::clone(node),
-                Arc::clone(name),
+                Arc::clone(names),
                 token.clone(),
                 tx.clone(),
             );
             // Its own task, so each node completes even if nobody waits.
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 step.after_previous().await;
-                let reply = node.release(&name, &token, wake).await;
+                let reply = node.release(&names, &token, wake).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -396,6 +420,13 @@ impl Quorum {
         }
         // Too many nodes failed to tell whether a quorum still held the lock.
         Err(failures)
+    }
+
+    /// Resolves once every node's part of every operation started so far has ended.
+    pub(crate) async fn settled(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
     }
 
     /// Subscribes on every node (a release publishes on each). A quorum of confirmations is

@@ -5,14 +5,15 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: lock, fence. ARGV: token, ttl_ms, fencing ("1" or "0").
-/// Returns `{1, fence}` when the lock is ours (fence 0 when fencing is off), `{0, pttl}` when
-/// someone else holds it. Idempotent for one token: an attempt whose reply was lost can be sent
-/// again and answers "ours" (refreshing the TTL) instead of "held".
+/// KEYS: the n lock keys, then their n fence keys. ARGV: token, ttl_ms, fencing ("1" or "0").
+/// Takes every lock key for the token, or none.
+/// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
+/// `{0, i, pttl}` when someone else holds key `i`. Idempotent for one token: an attempt whose
+/// reply was lost can be sent again and answers "ours" (refreshing the TTL) instead of "held".
 ///
 /// Every step that can fail (a key of the wrong type, a fence that is not a number, `OOM`) comes
-/// before the lock is written, so a failed call leaves no lock behind; the `#!lua` line makes
-/// Redis refuse the whole script up front when it is out of memory.
+/// before the first lock key is written, so a failed call leaves no lock behind; the `#!lua` line
+/// makes Redis refuse the whole script up front when it is out of memory.
 ///
 /// A fence counter that does not exist (first grant of the key, evicted, or Redis restarted
 /// without its data) starts from the server's clock in microseconds, not from 1: it then still
@@ -22,72 +23,98 @@ use redis::Script;
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"#!lua
-local function fence()
-  if ARGV[3] ~= '1' then return 0 end
-  local f = redis.call('INCR', KEYS[2])
+local n = #KEYS / 2
+local ours = {}
+for i = 1, n do
+  local holder = redis.call('GET', KEYS[i])
+  if holder == ARGV[1] then
+    ours[i] = true
+  elseif holder then
+    return {0, i, redis.call('PTTL', KEYS[i])}
+  end
+end
+local function fence(k)
+  local f = redis.call('INCR', k)
   if f == 1 then
     local t = redis.call('TIME')
     f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[2], f)
+    redis.call('SET', k, f)
   end
   return f
 end
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
+local reply = {1}
+for i = 1, n do
   local f = 0
   if ARGV[3] == '1' then
-    f = tonumber(redis.call('GET', KEYS[2]) or '') or fence()
+    local k = KEYS[n + i]
+    if ours[i] then
+      f = tonumber(redis.call('GET', k) or '') or fence(k)
+    else
+      f = fence(k)
+    end
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, f}
+  reply[i + 1] = f
 end
-if holder then
-  return {0, redis.call('PTTL', KEYS[1])}
+for i = 1, n do
+  if ours[i] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  else
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  end
 end
-local f = fence()
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, f}
+return reply
 ",
     )
 });
 
-/// KEYS: lock. ARGV: token, ttl_ms. Returns 1 when the TTL was reset, 0 when the lock is not ours
-/// (also when the key now holds another type: it certainly is not our lock any more).
+/// KEYS: the lock keys. ARGV: token, ttl_ms. Returns 1 when every key's TTL was reset, `-i` when
+/// key `i` is not ours (also when it now holds another type: it certainly is not our lock any
+/// more); then nothing was extended.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+for i = 1, #KEYS do
+  if redis.pcall('GET', KEYS[i]) ~= ARGV[1] then return -i end
 end
-return 0
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return 1
 ",
     )
 });
 
-/// KEYS: lock. ARGV: token, release channel (empty: wake nobody). Deletes the lock when it is
-/// ours (a key of another type is not ours) and, unless the channel is empty, wakes the waiters subscribed to it. Returns 1 when it was
-/// ours, 0 otherwise. Without a channel it withdraws the grants of a Redlock attempt that did not
-/// win a quorum: they never were a lock, so nobody is woken.
+/// KEYS: the lock keys. ARGV: token, then one release channel per key (all empty: wake nobody).
+/// Deletes each key that is ours (a key of another type is not ours) and wakes the waiters
+/// subscribed to its channel. Returns how many keys were ours. Without channels it withdraws the
+/// grants of a Redlock attempt that did not win a quorum: they never were a lock, so nobody is
+/// woken.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
-  return 1
+local deleted = 0
+for i = 1, #KEYS do
+  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    deleted = deleted + 1
+    if ARGV[i + 1] ~= '' then redis.call('PUBLISH', ARGV[i + 1], '') end
+  end
 end
-return 0
+return deleted
 ",
     )
 });
 
-/// KEYS: fence. ARGV: value. Raises the fence counter to at least `value` (Redlock: the token a
-/// quorum granted, written back so that every later majority includes a node that has seen it).
+/// KEYS: fence keys. ARGV: one value per key. Raises each fence counter to at least its value
+/// (Redlock: the tokens a quorum granted, written back so that every later majority includes a
+/// node that has seen them).
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1])
+for i = 1, #KEYS do
+  if tonumber(redis.call('GET', KEYS[i]) or '0') < tonumber(ARGV[i]) then
+    redis.call('SET', KEYS[i], ARGV[i])
+  end
 end
 return 1
 ",

@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
-use lock_tests::{RedisServer, bounded, lock_keys, unique_key, wait_until_async};
+use lock_tests::{RedisServer, bounded, lock_keys, unique_key, wait_until, wait_until_async};
 
 /// Between two attempts a waiter sleeps at least half of this (jitter 0.5), unless a release
 /// wakes it: long, so that a hand-off within a second can only be a wake-up.
@@ -590,56 +590,57 @@ pub(crate) async fn multi_key_fencing_tokens_grow_per_key(fx: &Fx) {
 pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
     let key = unique_key("beh:reentrant");
     let ttl = Duration::from_secs(60); // no renewal during the count
-    let outer = |depth: u32| {
-        let (a, b, k) = (fx.a.clone(), fx.b.clone(), key.clone());
-        let chain_client = fx.a.clone();
-        let chain_key = key.clone();
-        a.lock(&k).ttl(ttl).run(async move {
-            let n = if depth == 0 {
-                0
-            } else {
-                nested_chain(chain_client, chain_key, depth - 1).await? + 1
-            };
+    let everywhere = || fx.holders(&key) == fx.nodes.len();
+    let result = fx
+        .a
+        .lock(&key)
+        .ttl(ttl)
+        .run(async {
+            // Nothing of the outer acquire is still in flight (Redlock's slower nodes included).
+            wait_until_async(Duration::from_secs(5), "the lock on every node", everywhere).await;
+            let before = fx.lock_commands();
+            let n = nested_chain(fx.a.clone(), key.clone(), 9).await? + 1;
+            assert_eq!(
+                fx.lock_commands() - before,
+                0,
+                "nested calls went to the server"
+            );
             // Still held after the nested calls returned: another task (never the holder) is refused.
+            let (b, k) = (fx.b.clone(), key.clone());
             let other = tokio::spawn(async move { b.lock(&k).acquire().await.map(drop) });
             assert!(other.await.unwrap().unwrap_err().is_contended());
             Ok::<_, LockError>(n)
         })
-    };
-    // Warm-up (script loading), then the same lock without and with ten nested levels.
-    assert_eq!(outer(0).await.unwrap(), 0);
+        .await;
+    assert_eq!(result, Ok(10));
     fx.all_free(&[&key]).await;
-    let before = fx.lock_commands();
-    assert_eq!(outer(0).await.unwrap(), 0);
-    fx.all_free(&[&key]).await;
-    let plain = fx.lock_commands() - before;
-    let before = fx.lock_commands();
-    assert_eq!(outer(10).await.unwrap(), 10);
-    fx.all_free(&[&key]).await;
-    let nested = fx.lock_commands() - before;
-    eprintln!("lock commands: {plain} for one call, {nested} with ten nested levels");
-    assert_eq!(nested, plain, "nested calls went to the server");
 
-    // The same from sync code, on one thread.
-    let (a, k) = (fx.a.clone(), key.clone());
-    let before = fx.lock_commands();
-    let result = tokio::task::spawn_blocking(move || {
-        a.lock(&k).ttl(ttl).run_blocking(|| {
-            a.lock(&k)
-                .wait(Duration::ZERO)
-                .run_blocking(|| a.lock(&k).wait(Duration::ZERO).run_blocking(|| Ok(2)))
-                .map(|n: u32| n + 1)
-        })
-    })
-    .await
-    .unwrap();
+    // The same from sync code, on one thread: three nested levels.
+    let result = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                fx.a.lock(&key).ttl(ttl).run_blocking(|| {
+                    wait_until(Duration::from_secs(5), "the lock on every node", everywhere);
+                    let before = fx.lock_commands();
+                    let n =
+                        fx.a.lock(&key)
+                            .wait(Duration::ZERO)
+                            .run_blocking(|| {
+                                fx.a.lock(&key).wait(Duration::ZERO).run_blocking(|| Ok(2))
+                            })
+                            .map(|n: u32| n + 1);
+                    assert_eq!(
+                        fx.lock_commands() - before,
+                        0,
+                        "sync nested calls went to the server"
+                    );
+                    n
+                })
+            })
+            .join()
+            .unwrap()
+    });
     assert_eq!(result, Ok::<u32, LockError>(3));
-    fx.all_free(&[&key]).await;
-    assert_eq!(
-        fx.lock_commands() - before,
-        plain,
-        "sync nested calls went to the server"
-    );
     fx.free_now(&[&key]).await;
 }
 
