@@ -5,6 +5,8 @@ pub use core::time::Duration;
 
 /// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
 pub use crate::backend::redis_keys;
+/// The inverse of [`redis_keys`], for tools such as `lockctl`.
+pub use crate::backend::{KeyKind, lock_name_of};
 
 use crate::Lock;
 

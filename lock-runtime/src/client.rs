@@ -5,6 +5,7 @@ use crate::bridge;
 use crate::config::LockConfig;
 use crate::engine::Engine;
 use crate::error::LockError;
+use crate::info::LockInfo;
 use crate::lock::Lock;
 
 /// A handle to a configured lock backend. Cheap to clone; all clones share connections and the
@@ -46,6 +47,24 @@ impl LockClient {
         I::Item: Into<String>,
     {
         Lock::many(keys).on(Arc::clone(&self.engine))
+    }
+
+    /// What the servers say of the lock `key` (see [`inspect`](crate::inspect)).
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let (engine, key) = (Arc::clone(&self.engine), key.to_owned());
+        bridge::run(&self.engine.runtime, move |_| async move {
+            engine.inspect(&key).await
+        })
+        .await?
+    }
+
+    /// Deletes the lock `key` whoever holds it (see [`force_release`](crate::force_release)).
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        let (engine, key) = (Arc::clone(&self.engine), key.to_owned());
+        bridge::run(&self.engine.runtime, move |_| async move {
+            engine.force_release(&key).await
+        })
+        .await?
     }
 
     /// What [`shutdown`](crate::shutdown) does, for this client: releases every lock it still

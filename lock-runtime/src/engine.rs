@@ -16,6 +16,7 @@ use crate::backend::{Backend, MemoryNode, Names, Node, Quorum, RedisNode, Token}
 use crate::config::{LockConfig, Settings, ValidBackend};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
+use crate::info::{self, LockInfo};
 use crate::renew::Renewer;
 use crate::wait::WakeRegistry;
 use crate::{bridge, events};
@@ -115,8 +116,8 @@ impl Engine {
         if keys.is_empty() {
             return Err(LockError::config("keys", "must name at least one key"));
         }
-        if keys.iter().any(String::is_empty) {
-            return Err(LockError::config("key", "must not be empty"));
+        for key in &keys {
+            check_name(key)?;
         }
         let ttl = ttl.unwrap_or(self.settings.default_ttl);
         crate::config::check_ttl("ttl", ttl)?;
@@ -220,6 +221,20 @@ impl Engine {
         );
     }
 
+    /// What the servers say of the lock `name` (see [`crate::inspect`]).
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<LockInfo>, LockError> {
+        check_name(name)?;
+        info::inspect(&self.backend, name).await
+    }
+
+    /// Deletes the lock `name` whoever holds it (see [`crate::force_release`]).
+    pub(crate) async fn force_release(&self, name: &str) -> Result<bool, LockError> {
+        check_name(name)?;
+        let released = info::force_release(&self.backend, name).await;
+        events::forced_release(name, &released);
+        released
+    }
+
     /// Releases every lock still held (their holders see them lost), refuses new ones, and waits
     /// up to one request timeout for the releases still running.
     pub(crate) async fn shutdown(self: Arc<Self>) {
@@ -258,4 +273,11 @@ fn shut_down() -> LockError {
     LockError::Runtime {
         reason: "lock_runtime::shutdown was called".to_owned(),
     }
+}
+
+fn check_name(name: &str) -> Result<(), LockError> {
+    if name.is_empty() {
+        return Err(LockError::config("key", "must not be empty"));
+    }
+    Ok(())
 }

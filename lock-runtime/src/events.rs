@@ -41,6 +41,15 @@ pub(crate) fn max_hold(name: &str, max_hold: Duration) {
     );
 }
 
+pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
+    let by = std::env::args().next().unwrap_or_default();
+    let pid = std::process::id();
+    match outcome {
+        Ok(held) => tracing::warn!(key = name, held, by, pid, "lock force-released"),
+        Err(err) => tracing::warn!(key = name, %err, by, pid, "forced release failed"),
+    }
+}
+
 pub(crate) fn released(name: &str, held_for: Duration) {
     tracing::debug!(key = name, ?held_for, "lock released");
 }

@@ -6,6 +6,7 @@ use crate::bridge;
 use crate::config::LockConfig;
 use crate::engine::Engine;
 use crate::error::LockError;
+use crate::info::LockInfo;
 
 static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
 
@@ -38,6 +39,30 @@ pub fn shutdown() {
     if let Some(engine) = ENGINE.get() {
         let _ = bridge::run_blocking(&engine.runtime.clone(), Arc::clone(engine).shutdown());
     }
+}
+
+/// What the servers say of the lock `key` (as passed to [`Lock::new`](crate::Lock::new)):
+/// `None` when nobody holds it (Redlock: fewer than a majority of nodes). For operators and
+/// dashboards: the answer can be stale by the time it arrives.
+pub async fn inspect(key: &str) -> Result<Option<LockInfo>, LockError> {
+    let engine = Arc::clone(engine()?);
+    let key = key.to_owned();
+    bridge::run(&engine.runtime.clone(), move |_| async move {
+        engine.inspect(&key).await
+    })
+    .await?
+}
+
+/// Deletes the lock `key` whoever holds it, and wakes its waiters: for an operator freeing a
+/// lock whose holder is gone. The holder, if alive, learns at its next renewal that the lock is
+/// lost. Logged at `warn` with the calling program and process id. `Ok(true)` when it was held.
+pub async fn force_release(key: &str) -> Result<bool, LockError> {
+    let engine = Arc::clone(engine()?);
+    let key = key.to_owned();
+    bridge::run(&engine.runtime.clone(), move |_| async move {
+        engine.force_release(&key).await
+    })
+    .await?
 }
 
 pub(crate) fn engine() -> Result<&'static Arc<Engine>, LockError> {

@@ -260,6 +260,7 @@ mod events;
 mod global;
 mod guard;
 mod hold;
+mod info;
 mod lock;
 mod renew;
 mod scope;
@@ -275,8 +276,9 @@ pub mod fault_table {}
 pub use client::LockClient;
 pub use config::{ENV_URL, LockConfig};
 pub use error::{FailureKind, LockError, NodeFailure};
-pub use global::{init, shutdown};
+pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;
+pub use info::{LockInfo, NodeLockState};
 pub use lock::Lock;
 /// Runs a function body while holding a distributed lock. See the [crate documentation](crate).
 pub use lock_macros::distributed_lock;

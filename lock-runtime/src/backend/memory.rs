@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, Subscription, Token};
+use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
 use crate::error::NodeFailure;
 use crate::wait::WakeRegistry;
 
@@ -158,6 +158,37 @@ fn next_fence(state: &mut State, name: &str, bump: bool) -> u64 {
 }
 
 impl Node for MemoryNode {
+    fn addr(&self) -> &str {
+        "memory"
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let remaining = state.live(name, now).map(|entry| entry.expires - now);
+        let view = remaining.map(|remaining| NodeView {
+            remaining: Some(remaining),
+            fence: state.fences.get(name).copied(),
+        });
+        Box::pin(std::future::ready(Ok(view)))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        let held = {
+            let mut state = self.state();
+            let held = state.live(name, Instant::now()).is_some();
+            state.held.remove(name);
+            held
+        };
+        if held {
+            self.wakers.notify(name);
+        }
+        Box::pin(std::future::ready(Ok(held)))
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],

@@ -15,7 +15,7 @@ use crate::error::NodeFailure;
 
 pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
-pub use redis::redis_keys;
+pub use redis::{KeyKind, lock_name_of, redis_keys};
 pub(crate) use redlock::Quorum;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -62,6 +62,26 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
     /// waiters of `name`. Never blocks: the returned subscription's `confirmed` future resolves
     /// once the node confirmed it (or failed to), and dropping the subscription undoes it.
     fn watch(&self, name: &str) -> Subscription;
+
+    /// What this node knows of the lock `name`: `None` when it does not hold it.
+    fn inspect<'a>(&'a self, name: &'a str)
+    -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>>;
+
+    /// Deletes the lock `name` whoever holds it, and wakes its waiters. `Ok(true)` when it was
+    /// held.
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>>;
+
+    /// The node's address (never with credentials), for inspection.
+    fn addr(&self) -> &str;
+}
+
+/// One node's view of a held lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeView {
+    /// `None`: the key has no expiry.
+    pub(crate) remaining: Option<Duration>,
+    /// The key's fence counter, when it has one.
+    pub(crate) fence: Option<u64>,
 }
 
 /// A waiter's interest in one node's release notifications for one lock.
@@ -187,6 +207,14 @@ impl Backend {
         match self {
             Backend::One(node) => node.release(names, token, wake).await.map_err(|f| vec![f]),
             Backend::Quorum(quorum) => quorum.release(names, token, wake).await,
+        }
+    }
+
+    /// Every node, in config order.
+    pub(crate) fn nodes(&self) -> Vec<Arc<dyn Node>> {
+        match self {
+            Backend::One(node) => vec![Arc::clone(node)],
+            Backend::Quorum(quorum) => quorum.nodes().to_vec(),
         }
     }
 

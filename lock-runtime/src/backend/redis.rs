@@ -10,7 +10,9 @@ use redis::{PushKind, RedisError, RedisResult};
 use tokio::sync::{Notify, watch};
 
 use super::scripts;
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, Subscription, Token, millis};
+use super::{
+    Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token, millis,
+};
 use crate::config::{NodeAddr, Settings};
 use crate::error::{LockError, NodeFailure};
 use crate::wait::WakeRegistry;
@@ -42,6 +44,60 @@ pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
         [base.as_str(), ":fence", rest.as_str()].concat(),
         [base.as_str(), ":released", rest.as_str()].concat(),
     ]
+}
+
+/// Which of a lock's Redis keys [`lock_name_of`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// The lock key itself.
+    Lock,
+    /// The fence counter.
+    Fence,
+    /// The release channel.
+    Released,
+}
+
+impl KeyKind {
+    fn suffix(self) -> &'static str {
+        match self {
+            KeyKind::Lock => "",
+            KeyKind::Fence => ":fence",
+            KeyKind::Released => ":released",
+        }
+    }
+}
+
+/// The lock name whose Redis key (or channel) of `kind` under `prefix` is `key`: the inverse of
+/// [`redis_keys`]. `None` for anything else.
+pub fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
+    let close = rest.find('}')?;
+    let (inner, after) = (&rest[..close], &rest[close + 1..]);
+    let after = after.strip_prefix(kind.suffix())?;
+    let name = if after.is_empty() {
+        unescape(inner)?
+    } else {
+        unescape(after.strip_prefix('=')?)?
+    };
+    (redis_keys(prefix, &name)[kind as usize] == key).then_some(name)
+}
+
+fn unescape(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let (code, tail) = (rest.get(i + 1..i + 3)?, &rest[i + 3..]);
+        out.push(match code {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = tail;
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// The part of `key` Redis Cluster hashes when it has a hash tag: the text between the first `{`
@@ -218,6 +274,42 @@ impl RedisNode {
 }
 
 impl Node for RedisNode {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+        Box::pin(async move {
+            let [lock, fence, _] = self.keys(name);
+            let mut pipe = redis::pipe();
+            pipe.cmd("PTTL").arg(lock).cmd("GET").arg(fence);
+            let mut conn = self.conn.clone();
+            let (pttl, fence): (i64, Option<String>) =
+                self.bounded("inspect", pipe.query_async(&mut conn)).await?;
+            // -2: no such key.
+            Ok((pttl != -2).then(|| NodeView {
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+                fence: fence.and_then(|f| f.parse().ok()),
+            }))
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(async move {
+            let [lock, _, channel] = self.keys(name);
+            let mut invocation = scripts::FORCE_RELEASE.prepare_invoke();
+            invocation.key(lock).arg(channel);
+            let mut conn = self.conn.clone();
+            let deleted: i64 = self
+                .bounded("force release", invocation.invoke_async(&mut conn))
+                .await?;
+            Ok(deleted == 1)
+        })
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
@@ -562,6 +654,45 @@ mod tests {
 
     fn keys_of(name: &str) -> [String; 3] {
         redis_keys("lock:", name)
+    }
+
+    #[test]
+    fn names_read_back_from_their_keys() {
+        for name in [
+            "wallet:42",
+            "a{t}b",
+            "{x}",
+            "a}b",
+            "{{x}",
+            "x{}",
+            "%",
+            "x=y",
+            "{x}:fence",
+        ] {
+            let keys = redis_keys("lock:", name);
+            for (kind, key) in [KeyKind::Lock, KeyKind::Fence, KeyKind::Released]
+                .into_iter()
+                .zip(&keys)
+            {
+                assert_eq!(
+                    lock_name_of("lock:", key, kind).as_deref(),
+                    Some(name),
+                    "{key}"
+                );
+            }
+            assert_eq!(
+                lock_name_of("lock:", &keys[1], KeyKind::Lock),
+                None,
+                "{name}"
+            );
+            assert_eq!(
+                lock_name_of("other:", &keys[0], KeyKind::Lock),
+                None,
+                "{name}"
+            );
+        }
+        assert_eq!(lock_name_of("lock:", "lock:{a%zz}", KeyKind::Lock), None);
+        assert_eq!(lock_name_of("lock:", "unrelated", KeyKind::Lock), None);
     }
 
     #[test]

@@ -422,6 +422,10 @@ impl Quorum {
         Err(failures)
     }
 
+    pub(crate) fn nodes(&self) -> &[Arc<dyn Node>] {
+        &self.nodes
+    }
+
     /// Resolves once every node's part of every operation started so far has ended.
     pub(crate) async fn settled(&self) {
         self.tasks.close();

@@ -120,3 +120,17 @@ return 1
 ",
     )
 });
+
+/// KEYS: lock. ARGV: release channel. Deletes the lock whoever holds it (an operator's forced
+/// release) and wakes its waiters. Returns 1 when it was held.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '')
+  return 1
+end
+return 0
+",
+    )
+});

@@ -1,0 +1,106 @@
+//! Looking at a lock from outside: what `inspect` answers, and the operator's forced release.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::backend::Backend;
+use crate::error::{LockError, NodeFailure};
+
+/// What the servers say of a lock (see [`inspect`](crate::inspect)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's key, without the configured prefix.
+    pub key: String,
+    /// How long the lock lives without a renewal: on one node its time to live, under Redlock
+    /// the time until fewer than a majority of nodes hold it. `None` when the key has no expiry.
+    pub remaining: Option<Duration>,
+    /// The key's fencing token counter: the token of the latest grant (the largest over the
+    /// nodes, for Redlock). `None` when fencing is off or no counter exists.
+    pub fencing_token: Option<u64>,
+    /// How many holders the lock has (1 for an exclusive lock that is held).
+    pub holders: usize,
+    /// Each node's view, in config order (one entry for a single node, `memory` in memory).
+    pub nodes: Vec<NodeLockState>,
+}
+
+/// One node's view of a lock, in [`LockInfo::nodes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeLockState {
+    /// The node's address (never with credentials).
+    pub node: String,
+    /// Whether the node holds the lock key.
+    pub held: bool,
+    /// The key's time to live on this node (`None`: not held, or no expiry).
+    pub remaining: Option<Duration>,
+    /// The node's fence counter for the key.
+    pub fencing_token: Option<u64>,
+}
+
+/// Asks every node about `name`. `None` when no node holds it (Redlock: fewer than a majority).
+pub(crate) async fn inspect(backend: &Backend, name: &str) -> Result<Option<LockInfo>, LockError> {
+    let nodes = backend.nodes();
+    let quorum = nodes.len() / 2 + 1;
+    let views = join_all(nodes.iter().map(|node| node.inspect(name))).await;
+    let mut states = Vec::with_capacity(nodes.len());
+    let mut failures = Vec::new();
+    for (node, view) in nodes.iter().zip(views) {
+        match view {
+            Ok(view) => states.push(NodeLockState {
+                node: node.addr().to_owned(),
+                held: view.is_some(),
+                remaining: view.as_ref().and_then(|v| v.remaining),
+                fencing_token: view.and_then(|v| v.fence),
+            }),
+            Err(failure) => failures.push(failure),
+        }
+    }
+    if failures.len() > nodes.len() - quorum {
+        return Err(unavailable(name, failures));
+    }
+    let held: Vec<&NodeLockState> = states.iter().filter(|s| s.held).collect();
+    if held.len() < quorum.min(nodes.len()) {
+        return Ok(None);
+    }
+    // Valid while a majority holds it: the quorum-th longest time to live.
+    let mut ttls: Vec<Option<Duration>> = held.iter().map(|s| s.remaining).collect();
+    ttls.sort_by(|a, b| b.cmp(a).then(std::cmp::Ordering::Equal));
+    let remaining = ttls.get(quorum - 1).copied().flatten();
+    let fencing_token = states.iter().filter_map(|s| s.fencing_token).max();
+    Ok(Some(LockInfo {
+        key: name.to_owned(),
+        remaining,
+        fencing_token,
+        holders: 1,
+        nodes: states,
+    }))
+}
+
+/// Deletes `name` on every node whoever holds it. `Ok(true)` when a majority held it.
+pub(crate) async fn force_release(backend: &Backend, name: &str) -> Result<bool, LockError> {
+    let nodes = backend.nodes();
+    let quorum = nodes.len() / 2 + 1;
+    let answers = join_all(nodes.iter().map(|node| node.force_release(name))).await;
+    let mut held = 0;
+    let mut failures = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(true) => held += 1,
+            Ok(false) => {}
+            Err(failure) => failures.push(failure),
+        }
+    }
+    if failures.len() > nodes.len() - quorum {
+        return Err(unavailable(name, failures));
+    }
+    Ok(held >= quorum)
+}
+
+fn unavailable(name: &str, causes: Vec<NodeFailure>) -> LockError {
+    LockError::Unavailable {
+        key: name.to_owned(),
+        causes,
+    }
+}
