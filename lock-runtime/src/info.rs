@@ -16,8 +16,9 @@ pub struct LockInfo {
     /// How long the lock lives without a renewal: on one node its time to live, under Redlock
     /// the time until fewer than a majority of nodes hold it. `None` when the key has no expiry.
     pub remaining: Option<Duration>,
-    /// The key's fencing token counter: the token of the latest grant (the largest over the
-    /// nodes, for Redlock). `None` when fencing is off or no counter exists.
+    /// The key's fencing token counter: the token of the latest grant on one node; under Redlock
+    /// the largest counter over the nodes, at least the holder's token (a node outside the
+    /// granting majority may have counted further). `None` when no counter exists.
     pub fencing_token: Option<u64>,
     /// How many holders the lock has (1 for an exclusive lock that is held).
     pub holders: usize,

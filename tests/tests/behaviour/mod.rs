@@ -871,6 +871,66 @@ async fn shut_down(client: &LockClient) {
         .unwrap();
 }
 
+/// `inspect` shows a held lock (time to live within its ttl, its fencing token, one holder, every
+/// node's view) and nothing for a free one; `force_release` frees a lock whoever holds it: the
+/// holder sees it lost at its next renewal, and a waiter is woken at once.
+pub(crate) async fn inspect_and_force_release(fx: &Fx) {
+    let key = unique_key("beh:inspect");
+    assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
+    let ttl = Duration::from_secs(3);
+    let guard = fx.a.lock(&key).ttl(ttl).acquire().await.unwrap();
+    wait_until_async(Duration::from_secs(2), "the lock on every node", || {
+        fx.holders(&key) == fx.nodes.len()
+    })
+    .await;
+    let info = fx.b.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(info.key, key);
+    assert_eq!(info.holders, 1);
+    assert!(
+        info.remaining.is_some_and(|r| r <= ttl && r > ttl / 2),
+        "{info:?}"
+    );
+    if fx.nodes.len() > 1 {
+        // Redlock: the largest counter over the nodes, which may have counted past the token
+        // the majority granted.
+        assert!(info.fencing_token >= guard.fencing_token(), "{info:?}");
+    } else {
+        assert_eq!(info.fencing_token, guard.fencing_token());
+    }
+    assert_eq!(info.nodes.len(), fx.nodes.len().max(1));
+    assert!(info.nodes.iter().all(|n| n.held), "{info:?}");
+
+    let waiter = {
+        let (b, k) = (fx.b.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            b.lock(&k).wait(Duration::from_secs(10)).acquire().await
+        })
+        .await
+    };
+    let forced = Instant::now();
+    assert!(fx.b.force_release(&key).await.unwrap());
+    let taken = bounded(Duration::from_secs(5), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    // Woken by the forced release, not by its retry delay.
+    assert!(
+        forced.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        forced.elapsed()
+    );
+    bounded(
+        Duration::from_secs(5),
+        "the holder sees the loss",
+        guard.lost(),
+    )
+    .await;
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    taken.release().await.unwrap();
+    assert!(!fx.b.force_release(&key).await.unwrap());
+    assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
+}
+
 /// One `#[tokio::test]` per check, each with a fresh `$fixture`. The only list of the checks.
 #[macro_export]
 macro_rules! behaviour_tests {
@@ -884,7 +944,8 @@ macro_rules! behaviour_tests {
             multi_key_fencing_tokens_grow_per_key, reentrant_nested_calls_join,
             reentrant_subset_joins_superset_is_an_error, spawned_task_inside_a_hold_waits,
             loss_reaches_every_nested_level, non_reentrant_nested_call_contends,
-            max_hold_stops_an_endless_async_body, max_hold_replaces_a_late_sync_result);
+            max_hold_stops_an_endless_async_body, max_hold_replaces_a_late_sync_result,
+            inspect_and_force_release);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(
