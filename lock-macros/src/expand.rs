@@ -46,6 +46,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// let __lock_call = P::Call {
 ///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
 ///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, reentrant: true,
+///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
 /// let __lock_guard = match P::acquire(__lock_call).await {
 ///     Ok(guard) => guard,
@@ -76,6 +77,9 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let wait = duration(locked.wait, private);
     let max_hold = duration(locked.max_hold, private);
     let reentrant = syn::LitBool::new(locked.reentrant, site);
+    // The metrics and tracing label: the templates as written, never rendered keys.
+    let templates: Vec<String> = locked.keys.iter().map(|key| key.lit.value()).collect();
+    let name = syn::LitStr::new(&templates.join(", "), site);
     let bind_guard = bind_guard(locked);
     let fake_return = fake_return_edge(locked);
     let touch_mutable = touch_mutable(locked);
@@ -120,6 +124,7 @@ fn locked_body(locked: &Locked) -> TokenStream {
             wait: #wait,
             max_hold: #max_hold,
             reentrant: #reentrant,
+            name: #name,
         };
         let #guard = match #acquire {
             ::core::result::Result::Ok(#guard) => #guard,
@@ -383,7 +388,7 @@ mod tests {
                 "ttl:::core::option::Option::None,\
                  wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
                  max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
-                 reentrant:false,}"
+                 reentrant:false,name:\"w:<to>,w:<from>\",}"
             ),
             "{out}"
         );

@@ -52,10 +52,14 @@ pub struct Call {
     pub wait: Option<Duration>,
     pub max_hold: Option<Duration>,
     pub reentrant: bool,
+    /// The key templates as written: the label of the lock's span and metrics.
+    pub name: &'static str,
 }
 
 fn lock(call: Call) -> Lock {
-    let mut lock = Lock::many(call.keys).reentrant(call.reentrant);
+    let mut lock = Lock::many(call.keys)
+        .reentrant(call.reentrant)
+        .name(call.name);
     if let Some(ttl) = call.ttl {
         lock = lock.ttl(ttl);
     }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Attempt, Backend, BoxFuture, Names, Subscription, Token};
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
-use crate::events;
+use crate::events::{self, Labels};
 use crate::wait::{Backoff, WakeHandle, WakeRegistry};
 
 /// What one acquisition asks for.
@@ -27,6 +27,9 @@ pub(crate) struct Request {
     pub(crate) give_up: Option<Instant>,
     pub(crate) fencing: bool,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) labels: Labels,
+    /// The acquisition's `distributed_lock` span: acquire, body and release run in it.
+    pub(crate) span: tracing::Span,
 }
 
 /// A grant.
@@ -217,7 +220,7 @@ pub(crate) async fn acquire(
             Ok(Attempt::Acquired { fences }) => {
                 let valid_until = attempt_start + req.ttl.saturating_sub(settings.drift(req.ttl));
                 if valid_until > now {
-                    events::acquired(&req.names, now - started, attempts, &fences);
+                    events::acquired(&req.labels, now - started, attempts, &fences);
                     break Ok(Granted {
                         token: token.clone(),
                         fences,
@@ -273,7 +276,7 @@ pub(crate) async fn acquire(
         }
     };
     if let Err(err) = &result {
-        events::not_acquired(err, attempts);
+        events::not_acquired(&req.labels, err, attempts);
     }
     let unsure = (result.is_err() && unsure).then_some(token);
     Ended { result, unsure }

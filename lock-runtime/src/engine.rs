@@ -19,12 +19,17 @@ use crate::hold::{self, Hold};
 use crate::info::{self, LockInfo};
 use crate::renew::Renewer;
 use crate::wait::WakeRegistry;
+use tracing::Instrument as _;
+
+use crate::events::Labels;
 use crate::{bridge, events};
 
 pub(crate) struct Engine {
     pub(crate) backend: Arc<Backend>,
     pub(crate) settings: Settings,
     fencing: bool,
+    /// `single`, `redlock` or `memory`: the `backend` label.
+    kind: &'static str,
     pub(crate) runtime: Handle,
     renewer: Renewer,
     wakers: Arc<WakeRegistry>,
@@ -64,6 +69,12 @@ impl Engine {
                 Arc::clone(&wakers),
             )?))
         };
+        let kind = match &valid.backend {
+            ValidBackend::Single(_) => "single",
+            ValidBackend::Redlock(addrs) if addrs.len() == 1 => "single",
+            ValidBackend::Redlock(_) => "redlock",
+            ValidBackend::InMemory => "memory",
+        };
         let backend = match &valid.backend {
             ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
             ValidBackend::Redlock(addrs) if addrs.len() == 1 => {
@@ -83,6 +94,7 @@ impl Engine {
             backend,
             settings,
             fencing: valid.fencing,
+            kind,
             runtime,
             renewer,
             wakers,
@@ -109,6 +121,7 @@ impl Engine {
         ttl: Option<Duration>,
         wait: Option<Duration>,
         max_hold: Option<Duration>,
+        name: Option<Arc<str>>,
     ) -> Result<Request, LockError> {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(shut_down());
@@ -129,12 +142,19 @@ impl Engine {
         let mut keys = keys;
         keys.sort_unstable();
         keys.dedup();
+        let names: Names = keys.into_iter().map(Arc::from).collect();
+        let labels = Labels {
+            lock: name.unwrap_or_else(|| Arc::from("unnamed")),
+            backend: self.kind,
+        };
         Ok(Request {
-            names: keys.into_iter().map(Arc::from).collect(),
+            span: events::span(&labels, &names),
+            names,
             ttl,
             give_up: Instant::now().checked_add(wait),
             fencing: self.fencing,
             max_hold,
+            labels,
         })
     }
 
@@ -159,7 +179,7 @@ impl Engine {
         if let Some(token) = ended.unsure {
             self.cleanup(Arc::clone(&req.names), token, req.ttl);
         }
-        let hold = Arc::new(Hold::new(req.names, ended.result?, req.ttl, req.max_hold));
+        let hold = Arc::new(Hold::new(req, ended.result?));
         self.held().insert(hold.id, Arc::clone(&hold));
         self.renewer.register(Arc::clone(&hold));
         if self.shut_down.load(Ordering::Acquire) {
@@ -179,15 +199,15 @@ impl Engine {
     /// Releases `hold` from a guard's drop: never blocks; `shutdown` waits for it.
     pub(crate) fn release_in_background(self: &Arc<Self>, hold: &Arc<Hold>) {
         let engine = Arc::clone(self);
+        let span = hold.span.clone();
         let hold = Arc::clone(hold);
-        self.background.spawn_on(
-            async move {
-                if let Err(err) = engine.release(&hold).await {
-                    events::release_failed(hold.name(), &err);
-                }
-            },
-            &self.runtime,
-        );
+        let release = async move {
+            if let Err(err) = engine.release(&hold).await {
+                events::release_failed(hold.name(), &err);
+            }
+        };
+        self.background
+            .spawn_on(release.instrument(span), &self.runtime);
     }
 
     /// Releases a token whose acquisition may have succeeded unseen, retrying until a server

@@ -1,44 +1,124 @@
-//! What happened to an acquisition, as tracing events. `hold.rs` and `acquire.rs` decide the
-//! outcomes; this file only reports them. Lock tokens and passwords never appear here.
+//! What happened to an acquisition, as tracing events and (feature `metrics`) metrics.
+//! `acquire.rs` and `hold.rs` decide the outcomes; this file only reports them. Lock tokens and
+//! passwords never appear here.
 //!
-//! Levels: `warn` for what needs a person (a lock lost while held, a release that failed after a
-//! loss), `debug` for the normal life of a lock, so `info` stays quiet in normal operation.
+//! Levels: `warn` for what needs a person (a lock lost while held, `max_hold` passed, a forced
+//! release, a release that failed), `debug` for the normal life of a lock, so `info` stays quiet
+//! in normal operation. Each acquisition runs in a `distributed_lock` span (see [`span`]).
+//!
+//! Metrics carry the labels `lock` (the key template or [`Lock::name`](crate::Lock::name), never
+//! the rendered key, so their number stays bounded) and `backend`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{LockError, NodeFailure};
 
-pub(crate) fn acquired(names: &[Arc<str>], waited: Duration, attempts: u32, fences: &[u64]) {
-    tracing::debug!(keys = ?names, ?waited, attempts, fencing_tokens = ?fences, "lock acquired");
+/// The labels of one lock's events and metrics.
+#[derive(Debug, Clone)]
+pub(crate) struct Labels {
+    /// The key template (attribute) or the name set with `Lock::name`; `unnamed` otherwise.
+    pub(crate) lock: Arc<str>,
+    /// `single`, `redlock` or `memory`.
+    pub(crate) backend: &'static str,
 }
 
-pub(crate) fn not_acquired(err: &LockError, attempts: u32) {
-    match err {
+/// The span one acquisition (acquire, body, release) runs in.
+pub(crate) fn span(labels: &Labels, keys: &[Arc<str>]) -> tracing::Span {
+    tracing::info_span!(
+        "distributed_lock",
+        lock = %labels.lock,
+        key = %Keys(keys),
+        backend = labels.backend,
+    )
+}
+
+pub(crate) fn acquired(labels: &Labels, waited: Duration, attempts: u32, fences: &[u64]) {
+    tracing::debug!(?waited, attempts, fencing_tokens = ?fences, "lock acquired");
+    #[cfg(feature = "metrics")]
+    {
+        count(labels, "acquired");
+        metrics::histogram!("lock_wait_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+            .record(waited.as_secs_f64());
+        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+            .increment(1.0);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = labels;
+}
+
+pub(crate) fn not_acquired(labels: &Labels, err: &LockError, attempts: u32) {
+    let outcome = match err {
         LockError::Contended { key, waited } => {
             tracing::debug!(key = %key, ?waited, attempts, "lock contended");
+            "contended"
         }
         LockError::Unavailable { key, causes } => {
             tracing::debug!(key = %key, attempts, causes = %Causes(causes), "lock servers unavailable");
+            "unavailable"
         }
-        other => tracing::debug!(err = %other, "lock not acquired"),
-    }
+        other => {
+            tracing::debug!(err = %other, "lock not acquired");
+            "error"
+        }
+    };
+    #[cfg(feature = "metrics")]
+    count(labels, outcome);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (labels, outcome);
+}
+
+#[cfg(feature = "metrics")]
+fn count(labels: &Labels, outcome: &'static str) {
+    metrics::counter!(
+        "lock_acquire_total",
+        "lock" => labels.lock.to_string(),
+        "backend" => labels.backend,
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
+pub(crate) fn renewed(labels: &Labels, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("lock_renewal_lag_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        .record(took.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (labels, took);
 }
 
 pub(crate) fn renewal_failed(name: &str, cause: &NodeFailure) {
     tracing::debug!(key = name, %cause, "renewal failed; retrying before the validity deadline");
 }
 
-pub(crate) fn lost(name: &str, why: &str) {
+pub(crate) fn lost(labels: &Labels, name: &str, why: &str) {
     tracing::warn!(key = name, why, "lock lost while held");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("lock_lost_total", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = labels;
 }
 
 pub(crate) fn max_hold(name: &str, max_hold: Duration) {
     tracing::warn!(
         key = name,
         ?max_hold,
-        "lock held for its max_hold: renewal stopped, body cancelled"
+        "lock held for its max_hold: renewal stopped, body told to stop"
     );
+}
+
+/// A hold ended (released, or given up after a loss): once per hold.
+pub(crate) fn ended(labels: &Labels, held_for: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::histogram!("lock_hold_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+            .record(held_for.as_secs_f64());
+        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+            .decrement(1.0);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (labels, held_for);
 }
 
 pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
@@ -50,8 +130,8 @@ pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
     }
 }
 
-pub(crate) fn released(name: &str, held_for: Duration) {
-    tracing::debug!(key = name, ?held_for, "lock released");
+pub(crate) fn released(held_for: Duration) {
+    tracing::debug!(?held_for, "lock released");
 }
 
 pub(crate) fn release_failed(name: &str, err: &LockError) {
@@ -60,6 +140,20 @@ pub(crate) fn release_failed(name: &str, err: &LockError) {
 
 pub(crate) fn cleanup_failed(name: &str, causes: &[NodeFailure]) {
     tracing::debug!(key = name, causes = %Causes(causes), "cleanup release failed; the key expires by its ttl");
+}
+
+struct Keys<'a>(&'a [Arc<str>]);
+
+impl std::fmt::Display for Keys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, key) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(key)?;
+        }
+        Ok(())
+    }
 }
 
 struct Causes<'a>(&'a [NodeFailure]);

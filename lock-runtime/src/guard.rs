@@ -1,6 +1,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use tracing::Instrument as _;
+
 use crate::bridge;
 use crate::engine::Engine;
 use crate::error::LockError;
@@ -109,8 +111,9 @@ impl LockGuard {
             return self.joined_outcome();
         }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
-        bridge::run(&self.engine.runtime, move |_| async move {
-            engine.release(&hold).await
+        let span = self.hold.span.clone();
+        bridge::run(&self.engine.runtime, move |_| {
+            async move { engine.release(&hold).await }.instrument(span)
         })
         .await?
     }
@@ -154,7 +157,9 @@ impl LockGuard {
         if self.joined {
             body.await
         } else {
-            scope::enter(self.engine.id(), &self.hold, body).await
+            scope::enter(self.engine.id(), &self.hold, body)
+                .instrument(self.hold.span.clone())
+                .await
         }
     }
 
@@ -163,6 +168,7 @@ impl LockGuard {
         if self.joined {
             body()
         } else {
+            let _in_span = self.hold.span.enter();
             scope::enter_blocking(self.engine.id(), &self.hold, body)
         }
     }

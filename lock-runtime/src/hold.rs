@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::acquire::Granted;
+use crate::acquire::{Granted, Request};
 use crate::backend::{Backend, Names, Token};
 use crate::error::LockError;
-use crate::events;
+use crate::events::{self, Labels};
 
 /// The process-wide origin of the atomic deadlines below.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -57,31 +57,34 @@ pub(crate) struct Hold {
     max_hold_passed: AtomicBool,
     /// Set when the holder lets go (release, drop, shutdown): renewal stops.
     released: AtomicBool,
+    /// Set once the hold's end was reported.
+    ended: AtomicBool,
+    pub(crate) labels: Labels,
+    /// The acquisition's `distributed_lock` span.
+    pub(crate) span: tracing::Span,
 }
 
 impl Hold {
-    pub(crate) fn new(
-        names: Names,
-        granted: Granted,
-        ttl: Duration,
-        max_hold: Option<Duration>,
-    ) -> Self {
+    pub(crate) fn new(req: Request, granted: Granted) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let lost = CancellationToken::new();
         Hold {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            names,
+            names: req.names,
             token: granted.token,
-            ttl,
+            ttl: req.ttl,
             fences: granted.fences,
             acquired_at: Instant::now(),
-            max_hold,
+            max_hold: req.max_hold,
             valid_until: AtomicU64::new(to_nanos(granted.valid_until)),
             stop: lost.child_token(),
             lost,
             lost_key: AtomicUsize::new(0),
             max_hold_passed: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            labels: req.labels,
+            span: req.span,
         }
     }
 
@@ -125,7 +128,8 @@ impl Hold {
         }
         self.lost_key.store(index, Ordering::Release);
         self.lost.cancel();
-        events::lost(self.lost_name(), why);
+        let _in_span = self.span.enter();
+        events::lost(&self.labels, self.lost_name(), why);
     }
 
     /// The key named in `Lost`.
@@ -140,6 +144,7 @@ impl Hold {
             return;
         }
         self.stop.cancel();
+        let _in_span = self.span.enter();
         events::max_hold(self.name(), self.max_hold.unwrap_or_default());
     }
 
@@ -186,6 +191,9 @@ impl Hold {
 pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockError> {
     let was_lost = hold.let_go();
     let outcome = backend.release(&hold.names, &hold.token, true).await;
+    if !hold.ended.swap(true, Ordering::AcqRel) {
+        events::ended(&hold.labels, hold.acquired_at.elapsed());
+    }
     match outcome {
         _ if was_lost => {
             if let Err(causes) = outcome {
@@ -194,13 +202,17 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
             Err(hold.lost_error())
         }
         Ok(true) => {
-            events::released(hold.name(), hold.acquired_at.elapsed());
+            events::released(hold.acquired_at.elapsed());
             Ok(())
         }
         Ok(false) => {
             // Not ours any more when we let go: someone may have held it meanwhile.
             hold.lost.cancel();
-            events::lost(hold.name(), "found taken or expired at release");
+            events::lost(
+                &hold.labels,
+                hold.name(),
+                "found taken or expired at release",
+            );
             Err(hold.lost_error())
         }
         Err(causes) => Err(LockError::Unavailable {
@@ -249,7 +261,19 @@ mod tests {
             fences: vec![1, 2],
             valid_until: Instant::now() + Duration::from_secs(30),
         };
-        Hold::new(names, granted, Duration::from_secs(30), max_hold)
+        let req = Request {
+            names,
+            ttl: Duration::from_secs(30),
+            give_up: None,
+            fencing: true,
+            max_hold,
+            labels: Labels {
+                lock: Arc::from("test"),
+                backend: "memory",
+            },
+            span: tracing::Span::none(),
+        };
+        Hold::new(req, granted)
     }
 
     fn lost(key: &str) -> Result<(), LockError> {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::bridge;
 use crate::engine::Engine;
+use tracing::Instrument as _;
+
 use crate::error::LockError;
 use crate::global;
 use crate::guard::LockGuard;
@@ -40,6 +42,7 @@ pub struct Lock {
     wait: Option<Duration>,
     max_hold: Option<Duration>,
     reentrant: bool,
+    name: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Lock {
@@ -50,6 +53,7 @@ impl fmt::Debug for Lock {
             .field("wait", &self.wait)
             .field("max_hold", &self.max_hold)
             .field("reentrant", &self.reentrant)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
@@ -75,6 +79,7 @@ impl Lock {
             wait: None,
             max_hold: None,
             reentrant: true,
+            name: None,
         }
     }
 
@@ -118,6 +123,14 @@ impl Lock {
         self
     }
 
+    /// The label of this lock in its tracing span (`lock`) and metrics (default `unnamed`; the
+    /// attribute uses its key templates). Give locks of one kind one name (`"wallet"`), never the
+    /// rendered key: metrics keep one series per name.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     fn engine(&self) -> Result<Arc<Engine>, LockError> {
         match &self.engine {
             Some(engine) => Ok(Arc::clone(engine)),
@@ -128,7 +141,7 @@ impl Lock {
     /// The engine and the request, or a guard that joins a hold of the current scope.
     fn prepare(self) -> Result<Prepared, LockError> {
         let engine = self.engine()?;
-        let req = engine.request(self.keys, self.ttl, self.wait, self.max_hold)?;
+        let req = engine.request(self.keys, self.ttl, self.wait, self.max_hold, self.name)?;
         if self.reentrant {
             match scope::find(engine.id(), &req.names) {
                 Held::Nothing => {}
@@ -154,9 +167,13 @@ impl Lock {
             Prepared::Acquire(engine, req) => (engine, req),
         };
         let runtime = engine.runtime.clone();
-        bridge::run(&runtime, move |gone| async move {
-            let hold = engine.acquire(req, gone).await?;
-            Ok(LockGuard::new(engine, hold))
+        let span = req.span.clone();
+        bridge::run(&runtime, move |gone| {
+            async move {
+                let hold = engine.acquire(req, gone).await?;
+                Ok(LockGuard::new(engine, hold))
+            }
+            .instrument(span)
         })
         .await?
     }
@@ -170,12 +187,14 @@ impl Lock {
             Prepared::Acquire(engine, req) => (engine, req),
         };
         let runtime = engine.runtime.clone();
-        bridge::run_blocking(&runtime, async move {
+        let span = req.span.clone();
+        let work = async move {
             let hold = engine
                 .acquire(req, tokio_util::sync::CancellationToken::new())
                 .await?;
             Ok(LockGuard::new(engine, hold))
-        })?
+        };
+        bridge::run_blocking(&runtime, work.instrument(span))?
     }
 
     /// Acquires the lock, runs `body` while holding it (renewed; cancelled at its next `.await`

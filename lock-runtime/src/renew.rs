@@ -298,6 +298,7 @@ impl Driver {
             ExtendOutcome::Extended => {
                 let until = sent + hold.ttl.saturating_sub(settings.drift(hold.ttl));
                 hold.confirm(until.into_std());
+                events::renewed(&hold.labels, now - sent);
                 if hold.check_lost() {
                     self.remove(id);
                     return;

@@ -1,0 +1,264 @@
+//! What a lock shows of itself: one `distributed_lock` span per acquisition (fields `lock`, `key`,
+//! `backend`) around the events of its acquire, body and release; and the metrics of the
+//! `metrics` feature, labelled by the lock's name (never the rendered key).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockConfig, LockError};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::{CompositeKey, MetricKind};
+
+/// Every span (`id name: fields`) and event (`level message [span ids]`) of this process.
+static TRACE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// The spans entered on this thread, innermost last.
+    static ENTERED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Capture {
+    next: AtomicU64,
+}
+
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut line = format!("span {id} {}:", span.metadata().name());
+        span.record(&mut Fields(&mut line));
+        TRACE
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
+        tracing::span::Id::from_u64(id)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = format!("{}:", event.metadata().level());
+        event.record(&mut Fields(&mut line));
+        let inside = ENTERED.with_borrow(|entered| entered.clone());
+        let _ = write!(line, " in {inside:?}");
+        TRACE
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        ENTERED.with_borrow_mut(|entered| entered.push(span.into_u64()));
+    }
+
+    fn exit(&self, span: &tracing::span::Id) {
+        ENTERED.with_borrow_mut(|entered| {
+            if let Some(at) = entered.iter().rposition(|id| *id == span.into_u64()) {
+                entered.remove(at);
+            }
+        });
+    }
+}
+
+/// Installs the capturing subscriber and the debugging metrics recorder (once per process).
+fn capture() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        tracing::subscriber::set_global_default(Capture {
+            next: AtomicU64::new(1),
+        })
+        .expect("no other subscriber in this test binary");
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("no other recorder in this test binary");
+        snapshotter
+    })
+}
+
+fn trace() -> Vec<String> {
+    TRACE.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// The id of the `distributed_lock` span whose fields contain `needle`.
+fn span_of(needle: &str) -> u64 {
+    trace()
+        .iter()
+        .find(|l| l.starts_with("span ") && l.contains("distributed_lock:") && l.contains(needle))
+        .and_then(|l| l.split(' ').nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no distributed_lock span with {needle}: {:#?}", trace()))
+}
+
+/// The events recorded inside span `id`.
+fn events_in(id: u64) -> Vec<String> {
+    let inside = format!("{id}]");
+    let nested = format!("{id},");
+    trace()
+        .into_iter()
+        .filter(|l| !l.starts_with("span ") && (l.contains(&inside) || l.contains(&nested)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_span_per_acquisition_around_acquire_body_and_release() {
+    capture();
+    let locks = LockClient::new(LockConfig::in_memory()).unwrap();
+    let result = locks
+        .lock("obs:wallet:42")
+        .name("obs-wallet")
+        .run(async {
+            tracing::info!("inside the body");
+            Ok::<_, LockError>(7)
+        })
+        .await;
+    assert_eq!(result, Ok(7));
+    let span = span_of("lock=obs-wallet");
+    let spans = trace();
+    let line = spans
+        .iter()
+        .find(|l| l.starts_with(&format!("span {span} ")))
+        .unwrap();
+    assert!(
+        line.contains("key=obs:wallet:42") && line.contains("backend=\"memory\""),
+        "{line}"
+    );
+    let events = events_in(span);
+    for what in ["lock acquired", "inside the body", "lock released"] {
+        assert!(
+            events.iter().any(|e| e.contains(what)),
+            "{what} not in the span: {events:#?}"
+        );
+    }
+    // Quiet at info in normal operation: the only info event is the body's own.
+    let noisy: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            (e.starts_with("INFO") || e.starts_with("WARN")) && !e.contains("inside the body")
+        })
+        .collect();
+    assert!(noisy.is_empty(), "{noisy:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_is_a_warning_in_its_span() {
+    capture();
+    let config = LockConfig::in_memory().default_ttl(Duration::from_secs(1));
+    let locks = LockClient::new(config).unwrap();
+    let guard = locks
+        .lock("obs:lost")
+        .name("obs-lost")
+        .acquire()
+        .await
+        .unwrap();
+    assert!(locks.force_release("obs:lost").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(15), guard.lost())
+        .await
+        .expect("the holder learns of the loss at its next renewal");
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    let span = span_of("lock=obs-lost");
+    assert!(
+        events_in(span)
+            .iter()
+            .any(|e| e.starts_with("WARN") && e.contains("lock lost while held")),
+        "{:#?}",
+        events_in(span)
+    );
+}
+
+/// The only test here that reads the metrics: a snapshot resets the debugging recorder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_outcomes_waits_holds_losses_and_held_locks() {
+    let snapshotter = capture();
+    let locks = LockClient::new(LockConfig::in_memory().default_ttl(Duration::from_secs(1)));
+    let locks = locks.unwrap();
+    let name = "obs-metrics";
+    let lock = |key: &str| locks.lock(key).name(name);
+    let guard = lock("obs:m:1").acquire().await.unwrap();
+    assert!(matches!(
+        lock("obs:m:1").acquire().await,
+        Err(LockError::Contended { .. })
+    ));
+    guard.release().await.unwrap();
+    // Other keys under the same name: one series, not one per rendered key.
+    lock("obs:m:2")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let kept = lock("obs:m:3").acquire().await.unwrap();
+    let lost = lock("obs:m:4").acquire().await.unwrap();
+    assert!(locks.force_release("obs:m:4").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(5), lost.lost())
+        .await
+        .expect("the loss is seen at the next renewal");
+    assert!(matches!(lost.release().await, Err(LockError::Lost { .. })));
+
+    let all = snapshotter.snapshot().into_vec();
+    let value = |kind: MetricKind, metric: &str, extra: &[(&str, &str)]| {
+        all.iter()
+            .find(|(key, _, _, _): &&(CompositeKey, _, _, _)| {
+                let k = key.key();
+                key.kind() == kind
+                    && k.name() == metric
+                    && k.labels().any(|l| l.key() == "lock" && l.value() == name)
+                    && k.labels()
+                        .any(|l| l.key() == "backend" && l.value() == "memory")
+                    && extra
+                        .iter()
+                        .all(|(ek, ev)| k.labels().any(|l| l.key() == *ek && l.value() == *ev))
+            })
+            .map(|(_, _, _, value)| value)
+    };
+    let count = |outcome| {
+        value(
+            MetricKind::Counter,
+            "lock_acquire_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(count("acquired"), Some(&DebugValue::Counter(4)));
+    assert_eq!(count("contended"), Some(&DebugValue::Counter(1)));
+    assert_eq!(
+        value(MetricKind::Counter, "lock_lost_total", &[]),
+        Some(&DebugValue::Counter(1))
+    );
+    // Four taken, three ended: one still held.
+    assert_eq!(
+        value(MetricKind::Gauge, "locks_held", &[]),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    let samples = |metric| match value(MetricKind::Histogram, metric, &[]) {
+        Some(DebugValue::Histogram(samples)) => samples.len(),
+        other => panic!("{metric}: {other:?}"),
+    };
+    assert_eq!(samples("lock_wait_seconds"), 4);
+    assert_eq!(samples("lock_hold_seconds"), 3);
+    assert!(samples("lock_renewal_lag_seconds") >= 1);
+    // No label ever carries a rendered key.
+    let rendered = all
+        .iter()
+        .any(|(key, _, _, _)| key.key().labels().any(|l| l.value().starts_with("obs:m:")));
+    assert!(!rendered);
+    kept.release().await.unwrap();
+}
