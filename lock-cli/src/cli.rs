@@ -1,0 +1,71 @@
+//! The command line: global options and one subcommand per operation (DESIGN §6).
+
+use clap::{Args, Parser, Subcommand};
+
+/// See and operate the distributed locks kept in Redis by `lock-runtime`.
+///
+/// Exit codes: 0 ok, 1 not found (inspect: not held; release: nothing was held), 2 error
+/// (bad arguments, unreachable server, refused release).
+#[derive(Debug, Parser)]
+#[command(name = "lockctl", version)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub(crate) struct Global {
+    /// Redis URL, `redis://[user:pass@]host[:port][/db]`; repeat it or separate with commas for
+    /// Redlock (several independent masters). Default: `LOCK_REDIS_URL`, read the same way.
+    #[arg(long = "url", global = true, value_name = "URL", value_delimiter = ',')]
+    pub(crate) urls: Vec<String>,
+    /// Key prefix the locks were configured with.
+    #[arg(long, global = true, default_value = "lock:")]
+    pub(crate) prefix: String,
+    /// Machine-readable output: one JSON document (list, inspect, release), JSON lines (watch).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// List held locks (SCAN on every node, never KEYS) with their remaining time and fencing token.
+    List {
+        /// Glob over lock names: `*` any run of characters, `?` one character.
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
+    /// Show one lock: remaining time, fencing token, holders and each node's view. Exit 1 when not held.
+    Inspect {
+        /// The lock name, without the prefix (e.g. `wallet:42`).
+        key: String,
+    },
+    /// Delete a lock whoever holds it; its holder finds it lost at its next renewal. Exit 1 when
+    /// nothing was held.
+    Release {
+        /// The lock name, without the prefix.
+        key: String,
+        /// Required: this breaks mutual exclusion for the current holder.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Print one line per release until interrupted.
+    ///
+    /// Only releases are published (a holder's release, or `lockctl release`): acquisitions are
+    /// not, and neither are locks that expire because their holder died. Under Redlock each node
+    /// announces the release, so one release prints a line per node that held it.
+    Watch {
+        /// Glob over lock names: `*` any run of characters, `?` one character.
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// Stop after this many events.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
+}
