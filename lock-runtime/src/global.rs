@@ -42,8 +42,9 @@ pub fn shutdown() {
 }
 
 /// What the servers say of the lock `key` (as passed to [`Lock::new`](crate::Lock::new)):
-/// `None` when nobody holds it (Redlock: fewer than a majority of nodes). For operators and
-/// dashboards: the answer can be stale by the time it arrives.
+/// `None` when nobody holds it (Redlock: fewer than a majority of nodes; [`LockInfo::nodes`] of
+/// a held lock shows each node). For operators and dashboards: the answer can be stale by the
+/// time it arrives.
 pub async fn inspect(key: &str) -> Result<Option<LockInfo>, LockError> {
     let engine = Arc::clone(engine()?);
     let key = key.to_owned();
@@ -55,7 +56,8 @@ pub async fn inspect(key: &str) -> Result<Option<LockInfo>, LockError> {
 
 /// Deletes the lock `key` whoever holds it, and wakes its waiters: for an operator freeing a
 /// lock whose holder is gone. The holder, if alive, learns at its next renewal that the lock is
-/// lost. Logged at `warn` with the calling program and process id. `Ok(true)` when it was held.
+/// lost. Logged at `warn` with the calling program and process id. `Ok(true)` when it was held
+/// (under Redlock: by any node, also a minority left over by a crashed holder).
 pub async fn force_release(key: &str) -> Result<bool, LockError> {
     let engine = Arc::clone(engine()?);
     let key = key.to_owned();
