@@ -178,6 +178,21 @@
 //! still held and waits (at most one request timeout) for releases still in flight. Passwords never appear in `Debug` or errors, and
 //! lock tokens are never logged.
 //!
+//! # Observability
+//!
+//! - Each acquisition runs in one `distributed_lock` [tracing](https://docs.rs/tracing) span,
+//!   with the fields `lock` (the key template, or [`Lock::name`]), `key` and `backend`; it covers
+//!   the wait, the body and the release. Inside it: `debug` events for acquired, contended,
+//!   unavailable and released; `warn` for lost, `max_hold` passed, forced and failed releases.
+//!   Tokens and passwords never appear.
+//! - With the `metrics` feature, through the [metrics](https://docs.rs/metrics) facade:
+//!   `lock_acquire_total{lock, backend, outcome}`, the histograms `lock_wait_seconds`,
+//!   `lock_hold_seconds` and `lock_renewal_lag_seconds`, `lock_lost_total`, and the gauge
+//!   `locks_held`, all labelled `lock` (the template, never the rendered key) and `backend`.
+//! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, each node's view);
+//!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
+//!   `lock-cli`) lists, inspects, force-releases and watches locks.
+//!
 //! # The same code without the macro
 //!
 //! [`Lock::run`] does what the attribute does (acquire, run the body in the reentrancy scope,
