@@ -51,6 +51,8 @@ pub(crate) struct Hold {
     lost: CancellationToken,
     /// The key that was lost (index into `names`).
     lost_key: AtomicUsize,
+    /// Set by the first `declare_lost`.
+    lost_declared: AtomicBool,
     /// Cancelled when the holder must stop: the lock was lost (a child of `lost`) or `max_hold`
     /// passed.
     stop: CancellationToken,
@@ -80,6 +82,7 @@ impl Hold {
             stop: lost.child_token(),
             lost,
             lost_key: AtomicUsize::new(0),
+            lost_declared: AtomicBool::new(false),
             max_hold_passed: AtomicBool::new(false),
             released: AtomicBool::new(false),
             ended: AtomicBool::new(false),
@@ -123,13 +126,16 @@ impl Hold {
 
     /// Declares the lock lost, naming the key at `index` (once; later calls do nothing).
     pub(crate) fn declare_lost(&self, index: usize, why: &str) {
-        if self.is_released() || self.lost.is_cancelled() {
+        if self.is_released() || self.lost_declared.swap(true, Ordering::AcqRel) {
             return;
         }
         self.lost_key.store(index, Ordering::Release);
+        // Reported before the holder is told, so the event comes first in any log.
+        {
+            let _in_span = self.span.enter();
+            events::lost(&self.labels, self.lost_name(), why);
+        }
         self.lost.cancel();
-        let _in_span = self.span.enter();
-        events::lost(&self.labels, self.lost_name(), why);
     }
 
     /// The key named in `Lost`.
@@ -207,12 +213,13 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
         }
         Ok(false) => {
             // Not ours any more when we let go: someone may have held it meanwhile.
-            hold.lost.cancel();
+            hold.lost_declared.store(true, Ordering::Release);
             events::lost(
                 &hold.labels,
                 hold.name(),
                 "found taken or expired at release",
             );
+            hold.lost.cancel();
             Err(hold.lost_error())
         }
         Err(causes) => Err(LockError::Unavailable {

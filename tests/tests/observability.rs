@@ -11,8 +11,10 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_tests::free_port;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
+use tracing::Instrument as _;
 
 /// Every span (`id name: fields`) and event (`level message [span ids]`) of this process.
 static TRACE: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -41,7 +43,12 @@ impl tracing::Subscriber for Capture {
 
     fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut line = format!("span {id} {}:", span.metadata().name());
+        let parent = match span.parent() {
+            Some(parent) => Some(parent.into_u64()),
+            None if span.is_contextual() => ENTERED.with_borrow(|entered| entered.last().copied()),
+            None => None,
+        };
+        let mut line = format!("span {id} {}: parent={parent:?}", span.metadata().name());
         span.record(&mut Fields(&mut line));
         TRACE
             .lock()
@@ -156,6 +163,68 @@ async fn one_span_per_acquisition_around_acquire_body_and_release() {
         })
         .collect();
     assert!(noisy.is_empty(), "{noisy:#?}");
+}
+
+/// The line of the `distributed_lock` span whose fields contain `needle`.
+fn span_line(needle: &str) -> String {
+    let id = span_of(needle);
+    trace()
+        .into_iter()
+        .find(|l| l.starts_with(&format!("span {id} ")))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_span_is_a_child_of_the_callers() {
+    capture();
+    let locks = LockClient::new(LockConfig::in_memory()).unwrap();
+    let caller = tracing::info_span!("caller");
+    let caller_id = caller.id().unwrap().into_u64();
+    let result = locks
+        .lock("obs:parent")
+        .name("obs-parent")
+        .run(async { Ok::<_, LockError>(()) })
+        .instrument(caller)
+        .await;
+    assert_eq!(result, Ok(()));
+    let line = span_line("lock=obs-parent");
+    assert!(
+        line.contains(&format!("parent=Some({caller_id})")),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_and_unavailable_are_events_in_their_spans() {
+    capture();
+    let locks = LockClient::new(LockConfig::in_memory()).unwrap();
+    let held = locks.lock("obs:busy").acquire().await.unwrap();
+    let contended = locks.lock("obs:busy").name("obs-contended").acquire().await;
+    assert!(matches!(contended, Err(LockError::Contended { .. })));
+    held.release().await.unwrap();
+    let events = events_in(span_of("lock=obs-contended"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("DEBUG") && e.contains("lock contended")),
+        "{events:#?}"
+    );
+
+    let nobody = format!("redis://:obs-secret@127.0.0.1:{}/", free_port());
+    let down = LockClient::new(LockConfig::single(nobody)).unwrap();
+    let unavailable = down.lock("obs:down").name("obs-down").acquire().await;
+    assert!(matches!(unavailable, Err(LockError::Unavailable { .. })));
+    let line = span_line("lock=obs-down");
+    assert!(line.contains("backend=\"single\""), "{line}");
+    let events = events_in(span_of("lock=obs-down"));
+    assert!(
+        events.iter().any(
+            |e| e.contains("lock servers unavailable") && e.contains("Refused")
+                || e.contains("lock servers unavailable") && e.contains("connection refused")
+        ),
+        "{events:#?}"
+    );
+    assert!(!trace().iter().any(|l| l.contains("obs-secret")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
