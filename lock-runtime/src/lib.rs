@@ -192,6 +192,8 @@
 //! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, each node's view);
 //!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
 //!   `lock-cli`) lists, inspects, force-releases and watches locks.
+//! - The `observed` example (`cargo run -p lock-examples --bin observed`) runs a workload with a
+//!   tracing subscriber and a Prometheus endpoint; the README's "Operating it" shows its output.
 //!
 //! # The same code without the macro
 //!
