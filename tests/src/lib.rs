@@ -21,6 +21,7 @@
 //!
 //! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set.
 
+pub mod capture;
 mod harness;
 pub mod history;
 

@@ -7,15 +7,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fmt::{self, Write as _};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, RedisServer, ServerOptions, Worker, free_port, lock_keys, unique_key,
+    FaultProxy, RedisServer, ServerOptions, Worker, capture, free_port, lock_keys, unique_key,
     wait_until_async,
 };
 
@@ -291,7 +288,7 @@ async fn a_failed_renewal_within_validity_is_not_a_loss() {
     let key = unique_key("faults:blip");
     let ttl = Duration::from_secs(3);
     // The logs prove that a renewal really failed in the blackhole (else this test proves nothing).
-    capture_logs();
+    capture::install();
     let every = ttl / 3;
 
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -318,7 +315,7 @@ async fn a_failed_renewal_within_validity_is_not_a_loss() {
         acquired.elapsed()
     );
     assert!(left > 0, "the key is gone or has no ttl: pttl {left}");
-    let failed_renewals = logs()
+    let failed_renewals = capture::text()
         .lines()
         .filter(|l| l.contains("renewal failed") && l.contains(&key))
         .count();
@@ -627,73 +624,9 @@ async fn wrong_password_is_an_auth_failure_not_contention() {
 // ---------------------------------------------------------------------------------------------
 // 8. Secrets never shown
 
-/// Every tracing event and span field of this test process, as text (see [`capture_logs`]).
-static LOGS: Mutex<String> = Mutex::new(String::new());
-
-fn logs() -> String {
-    LOGS.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
-/// A global subscriber that writes everything, at every level, into [`LOGS`].
-struct Capture {
-    next_span: AtomicU64,
-}
-
-struct Fields<'a>(&'a mut String);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        let _ = write!(self.0, " {}={value:?}", field.name());
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        let mut text = LOGS.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = write!(text, "\nspan {}:", span.metadata().name());
-        span.record(&mut Fields(&mut text));
-        tracing::span::Id::from_u64(self.next_span.fetch_add(1, Ordering::Relaxed))
-    }
-
-    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-        values.record(&mut Fields(
-            &mut LOGS.lock().unwrap_or_else(PoisonError::into_inner),
-        ));
-    }
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut text = LOGS.lock().unwrap_or_else(PoisonError::into_inner);
-        let meta = event.metadata();
-        let _ = write!(text, "\n{} {}:", meta.level(), meta.target());
-        event.record(&mut Fields(&mut text));
-    }
-
-    fn enter(&self, _: &tracing::span::Id) {}
-
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// Installs [`Capture`] as the process's global subscriber (once).
-fn capture_logs() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let capture = Capture {
-            next_span: AtomicU64::new(1),
-        };
-        tracing::subscriber::set_global_default(capture)
-            .expect("no other global tracing subscriber in this test binary");
-    });
-}
-
 #[tokio::test]
 async fn tokens_and_passwords_never_in_debug_or_logs() {
-    capture_logs();
+    capture::install();
     let password = "pw-7f3a9c-secret";
     let server = RedisServer::start_with(ServerOptions {
         requirepass: Some(password.into()),
@@ -760,12 +693,12 @@ async fn tokens_and_passwords_never_in_debug_or_logs() {
     wait_until_async(
         Duration::from_secs(5),
         "the failed drop-release logged",
-        || logs().contains("release failed; the lock expires by its ttl"),
+        || capture::text().contains("release failed; the lock expires by its ttl"),
     )
     .await;
     server.thaw();
 
-    let text = logs();
+    let text = capture::text();
     assert!(
         text.contains(&key),
         "the capture saw no event about {key}: the log check would be vacuous\n{text}"

@@ -4,95 +4,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::cell::RefCell;
-use std::fmt::{self, Write as _};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::free_port;
+use lock_tests::{capture, free_port};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tracing::Instrument as _;
-
-/// Every span (`id name: fields`) and event (`level message [span ids]`) of this process.
-static TRACE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-thread_local! {
-    /// The spans entered on this thread, innermost last.
-    static ENTERED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-}
-
-struct Capture {
-    next: AtomicU64,
-}
-
-struct Fields<'a>(&'a mut String);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        let _ = write!(self.0, " {}={value:?}", field.name());
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let parent = match span.parent() {
-            Some(parent) => Some(parent.into_u64()),
-            None if span.is_contextual() => ENTERED.with_borrow(|entered| entered.last().copied()),
-            None => None,
-        };
-        let mut line = format!("span {id} {}: parent={parent:?}", span.metadata().name());
-        span.record(&mut Fields(&mut line));
-        TRACE
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-        tracing::span::Id::from_u64(id)
-    }
-
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = format!("{}:", event.metadata().level());
-        event.record(&mut Fields(&mut line));
-        let inside = ENTERED.with_borrow(|entered| entered.clone());
-        let _ = write!(line, " in {inside:?}");
-        TRACE
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line);
-    }
-
-    fn enter(&self, span: &tracing::span::Id) {
-        ENTERED.with_borrow_mut(|entered| entered.push(span.into_u64()));
-    }
-
-    fn exit(&self, span: &tracing::span::Id) {
-        ENTERED.with_borrow_mut(|entered| {
-            if let Some(at) = entered.iter().rposition(|id| *id == span.into_u64()) {
-                entered.remove(at);
-            }
-        });
-    }
-}
 
 /// Installs the capturing subscriber and the debugging metrics recorder (once per process).
 fn capture() -> &'static Snapshotter {
     static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {
-        tracing::subscriber::set_global_default(Capture {
-            next: AtomicU64::new(1),
-        })
-        .expect("no other subscriber in this test binary");
+        capture::install();
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         recorder
@@ -102,27 +27,14 @@ fn capture() -> &'static Snapshotter {
     })
 }
 
-fn trace() -> Vec<String> {
-    TRACE.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
 /// The id of the `distributed_lock` span whose fields contain `needle`.
 fn span_of(needle: &str) -> u64 {
-    trace()
-        .iter()
-        .find(|l| l.starts_with("span ") && l.contains("distributed_lock:") && l.contains(needle))
-        .and_then(|l| l.split(' ').nth(1)?.parse().ok())
-        .unwrap_or_else(|| panic!("no distributed_lock span with {needle}: {:#?}", trace()))
+    capture::span("distributed_lock", needle).0
 }
 
-/// The events recorded inside span `id`.
-fn events_in(id: u64) -> Vec<String> {
-    let inside = format!("{id}]");
-    let nested = format!("{id},");
-    trace()
-        .into_iter()
-        .filter(|l| !l.starts_with("span ") && (l.contains(&inside) || l.contains(&nested)))
-        .collect()
+/// The line of that span.
+fn span_line(needle: &str) -> String {
+    capture::span("distributed_lock", needle).1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,7 +51,7 @@ async fn one_span_per_acquisition_around_acquire_body_and_release() {
         .await;
     assert_eq!(result, Ok(7));
     let span = span_of("lock=obs-wallet");
-    let spans = trace();
+    let spans = capture::lines();
     let line = spans
         .iter()
         .find(|l| l.starts_with(&format!("span {span} ")))
@@ -148,7 +60,7 @@ async fn one_span_per_acquisition_around_acquire_body_and_release() {
         line.contains("key=obs:wallet:42") && line.contains("backend=\"memory\""),
         "{line}"
     );
-    let events = events_in(span);
+    let events = capture::events_in(span);
     for what in ["lock acquired", "inside the body", "lock released"] {
         assert!(
             events.iter().any(|e| e.contains(what)),
@@ -163,15 +75,6 @@ async fn one_span_per_acquisition_around_acquire_body_and_release() {
         })
         .collect();
     assert!(noisy.is_empty(), "{noisy:#?}");
-}
-
-/// The line of the `distributed_lock` span whose fields contain `needle`.
-fn span_line(needle: &str) -> String {
-    let id = span_of(needle);
-    trace()
-        .into_iter()
-        .find(|l| l.starts_with(&format!("span {id} ")))
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +105,7 @@ async fn contended_and_unavailable_are_events_in_their_spans() {
     let contended = locks.lock("obs:busy").name("obs-contended").acquire().await;
     assert!(matches!(contended, Err(LockError::Contended { .. })));
     held.release().await.unwrap();
-    let events = events_in(span_of("lock=obs-contended"));
+    let events = capture::events_in(span_of("lock=obs-contended"));
     assert!(
         events
             .iter()
@@ -216,7 +119,7 @@ async fn contended_and_unavailable_are_events_in_their_spans() {
     assert!(matches!(unavailable, Err(LockError::Unavailable { .. })));
     let line = span_line("lock=obs-down");
     assert!(line.contains("backend=\"single\""), "{line}");
-    let events = events_in(span_of("lock=obs-down"));
+    let events = capture::events_in(span_of("lock=obs-down"));
     assert!(
         events.iter().any(
             |e| e.contains("lock servers unavailable") && e.contains("Refused")
@@ -224,7 +127,7 @@ async fn contended_and_unavailable_are_events_in_their_spans() {
         ),
         "{events:#?}"
     );
-    assert!(!trace().iter().any(|l| l.contains("obs-secret")));
+    assert!(!capture::lines().iter().any(|l| l.contains("obs-secret")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,11 +148,11 @@ async fn a_loss_is_a_warning_in_its_span() {
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     let span = span_of("lock=obs-lost");
     assert!(
-        events_in(span)
+        capture::events_in(span)
             .iter()
             .any(|e| e.starts_with("WARN") && e.contains("lock lost while held")),
         "{:#?}",
-        events_in(span)
+        capture::events_in(span)
     );
 }
 
