@@ -3,14 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    FaultProxy, RedisMasters, RedisServer, ServerOptions, await_waiter, bounded, eventually,
-    key_exists, lock_keys, unique_key,
+    FaultProxy, RedisMasters, RedisServer, ServerOptions, Worker, await_waiter, bounded,
+    eventually, key_exists, lock_keys, unique_key,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -359,48 +357,24 @@ async fn client_kill_of_the_notification_connection_does_not_strand_a_waiter() {
 // ---------------------------------------------------------------------------------------------
 // A holder process stopped past its ttl, or killed: fencing shows the stale holder.
 
-struct Holder(Child);
-
-impl Holder {
-    /// Starts the `holder` binary and returns it with its fencing token once it holds the lock.
-    fn start(url: &str, key: &str, ttl: Duration) -> (Holder, u64) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_holder"))
-            .args([url, key, &ttl.as_millis().to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn holder");
-        let stdout = child.stdout.take().unwrap();
-        let holder = Holder(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("holder did not report the lock");
-        let fence = line
-            .trim()
-            .strip_prefix("acquired fence=")
-            .and_then(|f| f.parse().ok())
-            .unwrap_or_else(|| panic!("holder said {line:?}"));
-        (holder, fence)
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.0.id()).unwrap());
-        kill(pid, signal).unwrap();
-    }
+/// Starts the `holder` binary (killed on drop) and returns it with its fencing token once it
+/// holds the lock.
+fn start_holder(url: &str, key: &str, ttl: Duration) -> (Worker, u64) {
+    let mut holder = Worker::spawn(
+        env!("CARGO_BIN_EXE_holder"),
+        &[url, key, &ttl.as_millis().to_string()],
+    );
+    let line = holder.next_line(Duration::from_secs(20));
+    let fence = line
+        .trim()
+        .strip_prefix("acquired fence=")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("holder said {line:?}"));
+    (holder, fence)
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn send(holder: &Worker, signal: Signal) {
+    kill(Pid::from_raw(i32::try_from(holder.pid()).unwrap()), signal).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,10 +382,10 @@ async fn stopped_or_killed_holder_process_is_superseded_with_a_larger_token() {
     let server = RedisServer::start();
     let locks = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
-    for signal in [Signal::SIGSTOP, Signal::SIGKILL] {
+    for sig in [Signal::SIGSTOP, Signal::SIGKILL] {
         let key = unique_key("table:stale-holder");
-        let (holder, stale) = Holder::start(&server.url(), &key, ttl);
-        holder.signal(signal);
+        let (holder, stale) = start_holder(&server.url(), &key, ttl);
+        send(&holder, sig);
         let stopped = Instant::now();
         let guard = bounded(
             Duration::from_secs(10),
@@ -427,7 +401,7 @@ async fn stopped_or_killed_holder_process_is_superseded_with_a_larger_token() {
         let took = stopped.elapsed();
         let fresh = guard.fencing_token().unwrap();
         eprintln!(
-            "holder {signal}: taken over after {took:?}; token grew: {}",
+            "holder {sig}: taken over after {took:?}; token grew: {}",
             fresh > stale
         );
         assert!(
@@ -438,8 +412,8 @@ async fn stopped_or_killed_holder_process_is_superseded_with_a_larger_token() {
             fresh > stale,
             "the new holder's token does not exceed the stale one"
         );
-        if signal == Signal::SIGSTOP {
-            holder.signal(Signal::SIGCONT);
+        if sig == Signal::SIGSTOP {
+            send(&holder, Signal::SIGCONT);
         }
         guard.release().await.unwrap();
     }
