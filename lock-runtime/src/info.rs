@@ -67,7 +67,7 @@ pub(crate) async fn inspect(backend: &Backend, name: &str) -> Result<Option<Lock
     }
     // Valid while a majority holds it: the quorum-th longest time to live.
     let mut ttls: Vec<Option<Duration>> = held.iter().map(|s| s.remaining).collect();
-    ttls.sort_by(|a, b| b.cmp(a).then(std::cmp::Ordering::Equal));
+    ttls.sort_by(|a, b| b.cmp(a));
     let remaining = ttls.get(quorum - 1).copied().flatten();
     let fencing_token = states.iter().filter_map(|s| s.fencing_token).max();
     Ok(Some(LockInfo {
