@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The test command: installs redis-server if it is missing (the tests start their own servers on
-# 127.0.0.1), then runs every test of the workspace. Arguments go to `cargo test`.
+# The test command: installs what the tests run against when it is missing (redis-server; etcd and,
+# to build the etcd client, protoc), then runs every test of the workspace, the etcd backend's
+# included. The tests start their own servers on 127.0.0.1. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then
+# command -> Debian package that provides it
+missing=()
+command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || missing+=(redis-server)
+command -v "${LOCK_TESTS_ETCD:-etcd}" >/dev/null 2>&1 || missing+=(etcd-server)
+command -v "${PROTOC:-protoc}" >/dev/null 2>&1 || missing+=(protobuf-compiler)
+
+if [ "${#missing[@]}" -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test.sh: redis-server is not installed and there is no apt-get here;" >&2
-    echo "install redis-server with your package manager, or set" >&2
-    echo "LOCK_TESTS_REDIS_SERVER to its path, then run this again." >&2
+    echo "scripts/test.sh: ${missing[*]} not installed and there is no apt-get here;" >&2
+    echo "install them with your package manager (or set LOCK_TESTS_REDIS_SERVER," >&2
+    echo "LOCK_TESTS_ETCD, PROTOC to their paths), then run this again." >&2
     exit 1
   fi
   if [ "$(id -u)" -eq 0 ]; then
@@ -16,14 +23,14 @@ if ! command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then
   elif command -v sudo >/dev/null 2>&1; then
     sudo=(sudo)
   else
-    echo "scripts/test.sh: redis-server is not installed, and installing it needs root:" >&2
-    echo "run 'apt-get update && apt-get install -y redis-server' as root, then run this again." >&2
+    echo "scripts/test.sh: ${missing[*]} not installed, and installing needs root:" >&2
+    echo "run 'apt-get update && apt-get install -y ${missing[*]}' as root, then run this again." >&2
     exit 1
   fi
-  echo "scripts/test.sh: installing redis-server" >&2
+  echo "scripts/test.sh: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq redis-server >/dev/null
+  "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-cargo test --workspace "$@"
+cargo test --workspace --features lock-tests/etcd "$@"

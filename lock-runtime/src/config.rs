@@ -6,6 +6,10 @@ use crate::LockError;
 /// The environment variable read by [`LockConfig::from_env`].
 pub const ENV_URL: &str = "LOCK_REDIS_URL";
 
+/// The environment variable that selects etcd in [`LockConfig::from_env`]: a comma-separated list
+/// of endpoints (needs the `etcd` feature).
+pub const ENV_ETCD_ENDPOINTS: &str = "LOCK_ETCD_ENDPOINTS";
+
 /// How the process talks to its locks: which backend, plus the defaults and timeouts every lock uses.
 ///
 /// Constructors never fail; [`init`](crate::init) (or [`LockClient::new`](crate::LockClient::new))
@@ -34,8 +38,12 @@ pub(crate) enum BackendConfig {
     Single(String),
     Redlock(Vec<String>),
     InMemory,
+    /// etcd endpoints, and the field (or variable) they came from.
+    Etcd(Vec<String>, &'static str),
     /// `from_env` found nothing usable; `init` reports it.
     EnvMissing,
+    /// `from_env` found both variables set.
+    EnvBoth,
 }
 
 impl LockConfig {
@@ -83,14 +91,55 @@ impl LockConfig {
         Self::with_backend(BackendConfig::InMemory)
     }
 
+    /// Locks on an etcd v3 cluster (cargo feature `etcd`; without it, `init` fails with a
+    /// `Config` error naming `endpoints`). `endpoints` are the members' client URLs:
+    /// `http://host:port`, `host:port`, or `https://host:port` (with the `tls` feature too);
+    /// `http://user:password@host:port` authenticates as that etcd user (the same user on every
+    /// endpoint). The client talks to one member at a time and moves to the next when one fails.
+    ///
+    /// What etcd adds over Redis: every grant, renewal and release is a linearizable write
+    /// committed by a majority of members (raft), so a lock survives the loss of any minority,
+    /// including the leader, and no failover can hand it out twice; the fencing token is the key's
+    /// create revision, which grows across the whole cluster and across leader changes. A lock
+    /// is a key bound to a lease whose TTL is the lock's `ttl` rounded up to whole seconds (etcd
+    /// counts leases in seconds and raises short ones to its minimum, 2s with default member
+    /// settings): the holder still considers it valid only for `ttl` from its last confirmed
+    /// keepalive, but a crashed holder's lock frees when the rounded-up lease expires.
+    pub fn etcd<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_backend(BackendConfig::Etcd(
+            endpoints.into_iter().map(Into::into).collect(),
+            "endpoints",
+        ))
+    }
+
     /// Reads `LOCK_REDIS_URL`: one URL selects [`single`](Self::single), a comma-separated list
-    /// selects [`redlock`](Self::redlock). When the variable is unset or empty, `init` fails with
-    /// `LockError::Config { field: "LOCK_REDIS_URL", .. }`; use [`from_env_or`](Self::from_env_or)
-    /// to choose a fallback explicitly.
+    /// selects [`redlock`](Self::redlock). Or reads `LOCK_ETCD_ENDPOINTS`: a comma-separated
+    /// list of etcd endpoints selects [`etcd`](Self::etcd) (feature `etcd`). When neither is set
+    /// (or both are), `init` fails with a `LockError::Config` naming the variable; use
+    /// [`from_env_or`](Self::from_env_or) to choose a fallback explicitly.
     pub fn from_env() -> Self {
-        match std::env::var(ENV_URL) {
-            Ok(value) => Self::from_url_list(&value),
-            Err(_) => Self::with_backend(BackendConfig::EnvMissing),
+        Self::from_vars(
+            std::env::var(ENV_ETCD_ENDPOINTS).ok(),
+            std::env::var(ENV_URL).ok(),
+        )
+    }
+
+    fn from_vars(etcd: Option<String>, redis: Option<String>) -> Self {
+        let etcd = etcd.filter(|v| !v.trim().is_empty());
+        match (etcd, redis) {
+            (Some(_), Some(redis)) if !redis.trim().is_empty() => {
+                Self::with_backend(BackendConfig::EnvBoth)
+            }
+            (Some(endpoints), _) => Self::with_backend(BackendConfig::Etcd(
+                split_list(&endpoints).map(str::to_owned).collect(),
+                ENV_ETCD_ENDPOINTS,
+            )),
+            (None, Some(value)) => Self::from_url_list(&value),
+            (None, None) => Self::with_backend(BackendConfig::EnvMissing),
         }
     }
 
@@ -106,11 +155,7 @@ impl LockConfig {
     }
 
     fn from_url_list(value: &str) -> Self {
-        let urls: Vec<&str> = value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
+        let urls: Vec<&str> = split_list(value).collect();
         match urls.as_slice() {
             [] => Self::with_backend(BackendConfig::EnvMissing),
             [one] => Self::single(*one),
@@ -242,10 +287,28 @@ impl LockConfig {
                 ValidBackend::Redlock(nodes)
             }
             BackendConfig::InMemory => ValidBackend::InMemory,
+            #[cfg(feature = "etcd")]
+            BackendConfig::Etcd(endpoints, field) => {
+                ValidBackend::Etcd(crate::backend::EtcdAddrs::parse(field, endpoints)?)
+            }
+            #[cfg(not(feature = "etcd"))]
+            BackendConfig::Etcd(_, field) => {
+                return Err(LockError::config(
+                    field,
+                    "selects etcd, which this build does not include: enable the `etcd` feature of lock-runtime",
+                ));
+            }
             BackendConfig::EnvMissing => {
                 return Err(LockError::config(
                     "LOCK_REDIS_URL",
-                    "is not set (expected one redis:// URL, or a comma-separated list for redlock)",
+                    "is not set (expected one redis:// URL, or a comma-separated list for redlock; \
+                     or set LOCK_ETCD_ENDPOINTS for etcd)",
+                ));
+            }
+            BackendConfig::EnvBoth => {
+                return Err(LockError::config(
+                    "LOCK_ETCD_ENDPOINTS",
+                    "is set together with LOCK_REDIS_URL: set only one of them",
                 ));
             }
         };
@@ -352,7 +415,18 @@ impl fmt::Debug for LockConfig {
                     .join(", ")
             ),
             BackendConfig::InMemory => "in_memory".to_owned(),
+            BackendConfig::Etcd(endpoints, _) => format!(
+                "etcd([{}])",
+                endpoints
+                    .iter()
+                    .map(|e| redact_endpoint(e))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             BackendConfig::EnvMissing => format!("from_env({ENV_URL} unset)"),
+            BackendConfig::EnvBoth => {
+                format!("from_env({ENV_URL} and {ENV_ETCD_ENDPOINTS} both set)")
+            }
         };
         f.debug_struct("LockConfig")
             .field("backend", &format_args!("{backend}"))
@@ -410,6 +484,22 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// An etcd endpoint with any password replaced by `***` (it may come without a scheme).
+pub(crate) fn redact_endpoint(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        redact(endpoint)
+    } else {
+        redact(&format!("http://{endpoint}"))
+            .trim_start_matches("http://")
+            .to_owned()
+    }
+}
+
+/// The non-empty, trimmed items of a comma-separated list.
+fn split_list(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
 /// A validated configuration, ready to build a client from.
 pub(crate) struct ValidConfig {
     pub(crate) runtime: Option<tokio::runtime::Handle>,
@@ -427,6 +517,8 @@ pub(crate) enum ValidBackend {
     Single(NodeAddr),
     Redlock(Vec<NodeAddr>),
     InMemory,
+    #[cfg(feature = "etcd")]
+    Etcd(crate::backend::EtcdAddrs),
 }
 
 /// One parsed Redis node address.
@@ -668,6 +760,54 @@ mod tests {
             LockConfig::from_url_list("redis://a/, redis://b/,redis://c/").backend,
             BackendConfig::Redlock(ref urls) if urls.len() == 3
         ));
+    }
+
+    #[test]
+    fn etcd_is_selected_by_its_own_variable() {
+        let endpoints = |config: LockConfig| match config.backend {
+            BackendConfig::Etcd(endpoints, field) => Some((endpoints, field)),
+            _ => None,
+        };
+        assert_eq!(
+            endpoints(LockConfig::from_vars(Some(" a:1, b:2 ,".into()), None)),
+            Some((vec!["a:1".to_owned(), "b:2".to_owned()], ENV_ETCD_ENDPOINTS))
+        );
+        assert!(matches!(
+            LockConfig::from_vars(Some(" ".into()), Some("redis://h/".into())).backend,
+            BackendConfig::Single(_)
+        ));
+        assert_eq!(
+            field(LockConfig::from_vars(
+                Some("a:1".into()),
+                Some("redis://h/".into())
+            )),
+            ENV_ETCD_ENDPOINTS
+        );
+        assert_eq!(field(LockConfig::from_vars(None, None)), ENV_URL);
+        // Without the feature, and for bad endpoints with it, the error names where they came from.
+        assert_eq!(
+            field(LockConfig::from_vars(Some("nope://x".into()), None)),
+            ENV_ETCD_ENDPOINTS
+        );
+        assert_eq!(field(LockConfig::etcd(["nope://x"])), "endpoints");
+        assert_eq!(field(LockConfig::etcd(Vec::<String>::new())), "endpoints");
+        if !cfg!(feature = "etcd") {
+            let msg = LockConfig::etcd(["127.0.0.1:2379"])
+                .validate()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(msg.contains("`etcd` feature"), "{msg}");
+        }
+        let shown = format!(
+            "{:?}",
+            LockConfig::etcd(["http://u:hunter2@h:2379", "u:hunter2@h2:2379"])
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("http://u:***@h:2379, u:***@h2:2379"),
+            "{shown}"
+        );
     }
 
     #[test]

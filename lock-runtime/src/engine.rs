@@ -28,7 +28,7 @@ pub(crate) struct Engine {
     pub(crate) backend: Arc<Backend>,
     pub(crate) settings: Settings,
     fencing: bool,
-    /// `single`, `redlock` or `memory`: the `backend` label.
+    /// `single`, `redlock`, `memory` or `etcd`: the `backend` label.
     kind: &'static str,
     pub(crate) runtime: Handle,
     renewer: Renewer,
@@ -74,6 +74,8 @@ impl Engine {
             ValidBackend::Redlock(addrs) if addrs.len() == 1 => "single",
             ValidBackend::Redlock(_) => "redlock",
             ValidBackend::InMemory => "memory",
+            #[cfg(feature = "etcd")]
+            ValidBackend::Etcd(_) => "etcd",
         };
         let backend = match &valid.backend {
             ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
@@ -87,6 +89,12 @@ impl Engine {
                     .collect::<Result<_, _>>()?,
             )),
             ValidBackend::InMemory => Backend::One(Arc::new(MemoryNode::new(Arc::clone(&wakers)))),
+            #[cfg(feature = "etcd")]
+            ValidBackend::Etcd(addrs) => Backend::One(Arc::new(crate::backend::EtcdNode::new(
+                addrs,
+                &settings,
+                Arc::clone(&wakers),
+            ))),
         };
         let backend = Arc::new(backend);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());

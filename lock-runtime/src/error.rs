@@ -17,9 +17,10 @@ pub enum LockError {
         /// How long this call waited before giving up.
         waited: Duration,
     },
-    /// Redis could not be reached, answered with an error, or (Redlock) too many nodes failed for a
-    /// quorum to be possible. Carries each node's cause.
-    #[error("lock `{key}`: redis unavailable: {}", NodeFailures(causes))]
+    /// Redis (or etcd) could not be reached, answered with an error, or (Redlock) too many nodes
+    /// failed for a quorum to be possible; etcd also when its cluster has no quorum. Carries each
+    /// node's (each etcd endpoint's) cause.
+    #[error("lock `{key}`: lock server unavailable: {}", NodeFailures(causes))]
     Unavailable {
         /// The lock's key, without the configured prefix.
         key: String,

@@ -19,12 +19,15 @@
 //! assert!(server.keys(&lock_keys(&key).lock).is_empty());
 //! ```
 //!
-//! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set.
+//! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set. With the `etcd`
+//! feature, [`EtcdCluster`] starts `etcd` members (from `PATH`, or `LOCK_TESTS_ETCD`).
 
 pub mod capture;
 mod harness;
 pub mod history;
 
+#[cfg(feature = "etcd")]
+pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, ping_error_code,
 };

@@ -1,6 +1,8 @@
 //! Where locks live. A backend implements [`Node`] once per server and owns its key layout; the
 //! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 mod redis;
 mod redlock;
@@ -13,6 +15,8 @@ use std::time::Duration;
 
 use crate::error::NodeFailure;
 
+#[cfg(feature = "etcd")]
+pub(crate) use etcd::{EtcdAddrs, EtcdNode};
 pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
 pub use redis::{KeyKind, lock_name_of, redis_keys};

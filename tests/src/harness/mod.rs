@@ -1,5 +1,7 @@
 //! Processes and sockets the integration tests run against.
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod levers;
 pub(crate) mod proxy;
 pub(crate) mod server;

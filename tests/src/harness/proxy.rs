@@ -52,6 +52,8 @@ struct Shared {
     conns: Mutex<HashMap<u64, Option<oneshot::Sender<()>>>>,
     next_id: AtomicU64,
     listening: AtomicBool,
+    /// Bytes forwarded from clients to the upstream so far.
+    bytes_up: AtomicU64,
 }
 
 impl Shared {
@@ -93,6 +95,7 @@ impl FaultProxy {
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             listening: AtomicBool::new(true),
+            bytes_up: AtomicU64::new(0),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         runtime.spawn(accept_loop(listener, Arc::clone(&shared), shutdown_rx));
@@ -112,6 +115,16 @@ impl FaultProxy {
     /// `redis://127.0.0.1:PORT/` (no credentials; build your own URL for an authenticated upstream).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT`: the proxy as an etcd endpoint.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Bytes forwarded from clients to the upstream so far (requests sent through the proxy).
+    pub fn bytes_up(&self) -> u64 {
+        self.shared.bytes_up.load(Ordering::SeqCst)
     }
 
     /// Latency added to every chunk read from now on, in both directions, on all connections.
@@ -234,8 +247,8 @@ async fn connection(mut client: TcpStream, cut: oneshot::Receiver<()>, registere
         let (upstream_read, upstream_write) = upstream.split();
         let relay = async {
             tokio::try_join!(
-                pipe(client_read, upstream_write, &shared),
-                pipe(upstream_read, client_write, &shared),
+                pipe(client_read, upstream_write, &shared, true),
+                pipe(upstream_read, client_write, &shared, false),
             )
         };
         tokio::select! {
@@ -256,7 +269,12 @@ async fn connection(mut client: TcpStream, cut: oneshot::Receiver<()>, registere
 
 /// One direction. The reader stamps each chunk with its due time and never waits on the writer, so
 /// latency is added without limiting throughput; the channel keeps the order.
-async fn pipe(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, shared: &Shared) -> io::Result<()> {
+async fn pipe(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    shared: &Shared,
+    up: bool,
+) -> io::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
         let mut buf = vec![0u8; CHUNK];
@@ -264,6 +282,9 @@ async fn pipe(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, shared: &Shared) ->
             let n = from.read(&mut buf).await?;
             if n == 0 {
                 return Ok::<(), io::Error>(());
+            }
+            if up {
+                shared.bytes_up.fetch_add(n as u64, Ordering::SeqCst);
             }
             let due = Instant::now() + shared.delay();
             if tx.send((due, buf[..n].to_vec())).is_err() {

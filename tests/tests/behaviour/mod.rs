@@ -11,6 +11,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
+#[cfg(feature = "etcd")]
+use lock_tests::etcd_key;
 use lock_tests::{RedisServer, bounded, lock_keys, unique_key, wait_until, wait_until_async};
 
 /// Between two attempts a waiter sleeps at least half of this (jitter 0.5), unless a release
@@ -26,12 +28,23 @@ pub(crate) struct Fx {
     config: LockConfig,
     /// None in memory, one node, or the Redlock masters.
     pub(crate) nodes: Vec<RedisServer>,
+    /// On etcd: the cluster (one logical node), and the proxy both clients talk through (it
+    /// counts their requests).
+    #[cfg(feature = "etcd")]
+    etcd: Option<(&'static lock_tests::EtcdCluster, lock_tests::FaultProxy)>,
 }
 
 impl Fx {
     /// `config` with [`RETRY_DELAY`]. In memory (no `nodes`), it must be hosted on the test's
     /// runtime: a waiter's first poll then runs its attempts in place, which is how
     /// [`start_waiter`](Self::start_waiter) knows it waits.
+    #[cfg_attr(
+        feature = "etcd",
+        allow(
+            dead_code,
+            reason = "the etcd test binary builds its fixture with `Fx::etcd`"
+        )
+    )]
     pub(crate) fn new(config: LockConfig, nodes: Vec<RedisServer>) -> Fx {
         let config = config.retry_delay(RETRY_DELAY);
         let a = LockClient::new(config.clone()).unwrap();
@@ -45,6 +58,46 @@ impl Fx {
             b,
             config,
             nodes,
+            #[cfg(feature = "etcd")]
+            etcd: None,
+        }
+    }
+
+    /// On a member of `cluster`, reached through a proxy of its own: `config` must be
+    /// `LockConfig::etcd([proxy.http_url()])`, given the proxy this makes.
+    #[cfg(feature = "etcd")]
+    #[allow(dead_code, reason = "only the etcd test binary builds this fixture")]
+    pub(crate) fn etcd(
+        cluster: &'static lock_tests::EtcdCluster,
+        config: impl FnOnce(&lock_tests::FaultProxy) -> LockConfig,
+    ) -> Fx {
+        let proxy = lock_tests::FaultProxy::start(cluster.client_port(0));
+        let config = config(&proxy).retry_delay(RETRY_DELAY);
+        Fx {
+            a: LockClient::new(config.clone()).unwrap(),
+            b: LockClient::new(config.clone()).unwrap(),
+            config,
+            nodes: Vec::new(),
+            etcd: Some((cluster, proxy)),
+        }
+    }
+
+    #[cfg(feature = "etcd")]
+    fn etcd_cluster(&self) -> Option<&'static lock_tests::EtcdCluster> {
+        self.etcd.as_ref().map(|(cluster, _)| *cluster)
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    fn etcd_cluster(&self) -> Option<&'static Never> {
+        None
+    }
+
+    /// How many nodes hold a lock: etcd is one (linearizable) node however many members it has.
+    fn node_count(&self) -> usize {
+        if self.etcd_cluster().is_some() {
+            1
+        } else {
+            self.nodes.len()
         }
     }
 
@@ -54,15 +107,31 @@ impl Fx {
 
     /// How many nodes must agree: none in memory, one of one, three of five.
     fn majority(&self) -> usize {
-        if self.nodes.is_empty() {
-            0
-        } else {
-            self.nodes.len() / 2 + 1
+        match self.node_count() {
+            0 => 0,
+            n => n / 2 + 1,
         }
+    }
+
+    /// Whether no node has a lock key starting with `prefix` but `key`'s (if given).
+    fn at_most_under(&self, prefix: &str, key: Option<&str>) -> bool {
+        if let Some(cluster) = self.etcd_cluster() {
+            let want = key.map_or(0, |k| usize::from(cluster.exists(&etcd_key(k))));
+            return cluster.count_prefix(&etcd_key(prefix)) == want;
+        }
+        let all = lock_keys(&format!("{prefix}*")).lock;
+        let this = key.map(|k| lock_keys(k).lock);
+        self.nodes.iter().all(|node| {
+            let found = node.keys(&all);
+            found.is_empty() || this.as_ref().is_some_and(|k| found == [k.as_str()])
+        })
     }
 
     /// On how many nodes the lock key of `key` exists.
     fn holders(&self, key: &str) -> usize {
+        if let Some(cluster) = self.etcd_cluster() {
+            return usize::from(cluster.exists(&etcd_key(key)));
+        }
         let lock = lock_keys(key).lock;
         self.nodes
             .iter()
@@ -79,6 +148,18 @@ impl Fx {
         F::Output: Send + 'static,
     {
         let mut waiter = Box::pin(waiter);
+        if let Some(cluster) = self.etcd_cluster() {
+            // etcd counts watchers per member, not per key: on a shared member another test's
+            // watcher can satisfy this early; the waiter then still retries right after its own
+            // watch is confirmed, so a release is never missed, only less strictly timed.
+            let before = cluster.watchers();
+            let waiting = tokio::spawn(waiter);
+            wait_until_async(Duration::from_secs(5), "the waiter watches the key", || {
+                cluster.watchers() > before
+            })
+            .await;
+            return waiting;
+        }
         if self.nodes.is_empty() {
             let first = std::future::poll_fn(|cx| Poll::Ready(waiter.as_mut().poll(cx))).await;
             assert!(
@@ -140,6 +221,30 @@ impl Fx {
     }
 }
 
+/// Stands in for the etcd cluster in builds without etcd.
+#[cfg(not(feature = "etcd"))]
+pub(crate) enum Never {}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_key(_: &str) -> String {
+    String::new()
+}
+
+#[cfg(not(feature = "etcd"))]
+impl Never {
+    fn exists(&self, _: &str) -> bool {
+        match *self {}
+    }
+
+    fn count_prefix(&self, _: &str) -> usize {
+        match *self {}
+    }
+
+    fn watchers(&self) -> u64 {
+        match *self {}
+    }
+}
+
 pub(crate) async fn acquire_release(fx: &Fx) {
     let key = unique_key("beh:basic");
     let guard = fx.a.lock(&key).acquire().await.unwrap();
@@ -147,20 +252,13 @@ pub(crate) async fn acquire_release(fx: &Fx) {
     assert!(guard.fencing_token().is_some());
     assert!(!guard.is_lost());
     // No lock key under the check's prefix but this one, and that on at least a majority.
-    let all = lock_keys("beh:basic*").lock;
-    for node in &fx.nodes {
-        let found = node.keys(&all);
-        assert!(
-            found.is_empty() || found == [lock_keys(&key).lock],
-            "{found:?}"
-        );
-    }
+    assert!(fx.at_most_under("beh:basic", Some(&key)));
     assert!(fx.holders(&key) >= fx.majority());
     guard.release().await.unwrap();
     // Released on a majority when `release` returns, and soon on every node.
-    assert!(fx.holders(&key) <= fx.nodes.len() - fx.majority());
+    assert!(fx.holders(&key) <= fx.node_count() - fx.majority());
     wait_until_async(Duration::from_secs(2), "released on every node", || {
-        fx.nodes.iter().all(|node| node.keys(&all).is_empty())
+        fx.at_most_under("beh:basic", None)
     })
     .await;
     // Free again: the next acquisition succeeds at once.
@@ -207,7 +305,7 @@ pub(crate) async fn renewal_keeps_a_short_lock(fx: &Fx) {
     tokio::time::sleep(ttl * 6).await;
     assert!(!guard.is_lost());
     // Renewed on every node, not only on the majority that granted it.
-    assert_eq!(fx.holders(&key), fx.nodes.len());
+    assert_eq!(fx.holders(&key), fx.node_count());
     assert!(matches!(
         fx.b.lock(&key).acquire().await,
         Err(LockError::Contended { .. })
@@ -403,6 +501,11 @@ impl Drop for SetOnDrop {
 impl Fx {
     /// [`LOCK_COMMANDS`] run so far, summed over the nodes (0 in memory).
     fn lock_commands(&self) -> u64 {
+        #[cfg(feature = "etcd")]
+        if let Some((_, proxy)) = &self.etcd {
+            // Request bytes sent by the clients: zero when no request went out.
+            return proxy.bytes_up();
+        }
         self.nodes
             .iter()
             .map(|node| {
@@ -484,7 +587,7 @@ pub(crate) async fn multi_key_acquire_release(fx: &Fx) {
     wait_until_async(
         Duration::from_secs(2),
         "both keys held on every node",
-        || fx.holders(&ka) == fx.nodes.len() && fx.holders(&kb) == fx.nodes.len(),
+        || fx.holders(&ka) == fx.node_count() && fx.holders(&kb) == fx.node_count(),
     )
     .await;
     for key in [&ka, &kb] {
@@ -522,7 +625,7 @@ pub(crate) async fn held_second_key_fails_the_whole_lock(fx: &Fx) {
     wait_until_async(
         Duration::from_secs(2),
         "the second key held on every node",
-        || fx.holders(&kb) == fx.nodes.len(),
+        || fx.holders(&kb) == fx.node_count(),
     )
     .await;
     match fx.a.lock_many([&ka, &kb]).acquire().await {
@@ -590,7 +693,7 @@ pub(crate) async fn multi_key_fencing_tokens_grow_per_key(fx: &Fx) {
 pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
     let key = unique_key("beh:reentrant");
     let ttl = Duration::from_secs(60); // no renewal during the count
-    let everywhere = || fx.holders(&key) == fx.nodes.len();
+    let everywhere = || fx.holders(&key) == fx.node_count();
     let result = fx
         .a
         .lock(&key)
@@ -822,7 +925,7 @@ pub(crate) async fn max_hold_stops_an_endless_async_body(fx: &Fx) {
             "{how}: the body was not cancelled"
         );
         // Released (on a majority) when the call returns, then on every node; free for others.
-        assert!(fx.holders(&key) <= fx.nodes.len() - fx.majority(), "{how}");
+        assert!(fx.holders(&key) <= fx.node_count() - fx.majority(), "{how}");
         fx.free_now(&[&key]).await;
     }
 }
@@ -880,7 +983,7 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
     let ttl = Duration::from_secs(3);
     let guard = fx.a.lock(&key).ttl(ttl).acquire().await.unwrap();
     wait_until_async(Duration::from_secs(2), "the lock on every node", || {
-        fx.holders(&key) == fx.nodes.len()
+        fx.holders(&key) == fx.node_count()
     })
     .await;
     let info = fx.b.inspect(&key).await.unwrap().expect("held");
@@ -890,14 +993,14 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
         info.remaining.is_some_and(|r| r <= ttl && r > ttl / 2),
         "{info:?}"
     );
-    if fx.nodes.len() > 1 {
+    if fx.node_count() > 1 {
         // Redlock: the largest counter over the nodes, which may have counted past the token
         // the majority granted.
         assert!(info.fencing_token >= guard.fencing_token(), "{info:?}");
     } else {
         assert_eq!(info.fencing_token, guard.fencing_token());
     }
-    assert_eq!(info.nodes.len(), fx.nodes.len().max(1));
+    assert_eq!(info.nodes.len(), fx.node_count().max(1));
     assert!(info.nodes.iter().all(|n| n.held), "{info:?}");
 
     let waiter = {

@@ -1,0 +1,897 @@
+//! etcd v3 (feature `etcd`): one [`Node`] for the whole cluster. etcd replicates every write
+//! through raft, so the cluster is one linearizable node to us, not a quorum to count.
+//!
+//! Layout and protocol, per lock (its keys `prefix + name`):
+//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, reused by the
+//!   retries of the same token), then one transaction over every key: if each key's
+//!   `create_revision` is 0 (absent), put `token` under the lease on each; else read them (a key
+//!   holding our token means an earlier attempt of ours landed: "ours"). The fencing token is the
+//!   create revision, which grows across the cluster and across leader changes;
+//! - renewal: a lease keepalive, then a read of the keys (deleted by hand, or by `force_release`:
+//!   not ours any more);
+//! - release: delete the keys if each still holds our token (one transaction), then revoke the
+//!   lease (which also deletes whatever of ours a partial loss left);
+//! - waiting: a watch on the key's deletions wakes this client's waiters.
+//!
+//! The client talks to one member at a time (the last that answered) and moves on to the next
+//! when one refuses, breaks, or has no leader (requests carry etcd's require-leader flag, so a
+//! member cut off from its quorum says so at once instead of hanging); all of it within one
+//! connect plus one response timeout per operation. A failure names every endpoint's cause.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use futures_util::future::join_all;
+use tokio::sync::OnceCell;
+
+use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use crate::config::{Settings, redact_endpoint};
+use crate::error::{FailureKind, LockError, NodeFailure};
+use crate::wait::WakeRegistry;
+
+/// The validated endpoints of an etcd cluster, and the user to authenticate as.
+pub(crate) struct EtcdAddrs {
+    members: Vec<MemberAddr>,
+    user: Option<(String, String)>,
+}
+
+struct MemberAddr {
+    /// `host:port`, for errors.
+    name: String,
+    /// `http(s)://host:port`, without credentials.
+    url: String,
+}
+
+impl fmt::Debug for EtcdAddrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
+        f.debug_struct("EtcdAddrs")
+            .field("members", &names)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .finish()
+    }
+}
+
+impl EtcdAddrs {
+    /// Parses `endpoints` (see [`LockConfig::etcd`](crate::LockConfig::etcd)), reporting errors
+    /// on `field`.
+    pub(crate) fn parse(field: &'static str, endpoints: &[String]) -> Result<Self, LockError> {
+        if endpoints.is_empty() {
+            return Err(LockError::config(field, "must name at least one endpoint"));
+        }
+        let mut members: Vec<MemberAddr> = Vec::with_capacity(endpoints.len());
+        let mut user: Option<(String, String)> = None;
+        for endpoint in endpoints {
+            let shown = redact_endpoint(endpoint);
+            let (scheme, rest) = endpoint.split_once("://").unwrap_or(("http", endpoint));
+            match scheme {
+                "http" => {}
+                "https" if cfg!(feature = "tls") => {}
+                "https" => {
+                    return Err(LockError::config(
+                        field,
+                        format!(
+                            "{shown} uses TLS, which this build does not include: enable the `tls` feature of lock-runtime"
+                        ),
+                    ));
+                }
+                _ => {
+                    return Err(LockError::config(
+                        field,
+                        format!("{shown} is not an http:// or https:// endpoint"),
+                    ));
+                }
+            }
+            let authority = rest.trim_end_matches('/');
+            let (userinfo, host) = match authority.rsplit_once('@') {
+                Some((userinfo, host)) => (Some(userinfo), host),
+                None => (None, authority),
+            };
+            let port_ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !port_ok || host.contains('/') {
+                return Err(LockError::config(
+                    field,
+                    format!("{shown} is not host:port (with an optional http:// or https://)"),
+                ));
+            }
+            if let Some(userinfo) = userinfo {
+                let Some((name, password)) = userinfo.split_once(':') else {
+                    return Err(LockError::config(
+                        field,
+                        format!("{shown} names a user without a password (user:password@)"),
+                    ));
+                };
+                let this = (name.to_owned(), password.to_owned());
+                match &user {
+                    Some(other) if *other != this => {
+                        return Err(LockError::config(
+                            field,
+                            "names different users on different endpoints (one client, one user)",
+                        ));
+                    }
+                    _ => user = Some(this),
+                }
+            }
+            if members.iter().any(|m| m.name == host) {
+                return Err(LockError::config(
+                    field,
+                    format!("names endpoint {host} twice"),
+                ));
+            }
+            members.push(MemberAddr {
+                name: host.to_owned(),
+                url: format!("{scheme}://{host}"),
+            });
+        }
+        Ok(EtcdAddrs { members, user })
+    }
+}
+
+/// Whole seconds of lease for `ttl`: etcd counts leases in seconds, so a lease is never shorter
+/// than the lock's ttl.
+pub(crate) fn lease_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The etcd cluster behind one client.
+pub(crate) struct EtcdNode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    members: Vec<Member>,
+    user: Option<(String, String)>,
+    /// Every member, for errors and inspection.
+    addr: String,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    /// The member the next request goes to first: the last that answered.
+    preferred: AtomicUsize,
+    /// Each live acquisition's lease, by token.
+    grants: Mutex<HashMap<Token, Grant>>,
+    wakers: Arc<WakeRegistry>,
+}
+
+struct Member {
+    name: String,
+    url: String,
+    client: OnceCell<Client>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    lease: i64,
+    /// The keys' create revision once granted: the release deletes only that incarnation.
+    revision: Option<i64>,
+}
+
+impl fmt::Debug for EtcdNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdNode")
+            .field("members", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a key of the lock holds, as read back in a transaction.
+enum Seen {
+    Absent,
+    Ours { revision: i64, lease: i64 },
+    Theirs,
+}
+
+impl EtcdNode {
+    pub(crate) fn new(addrs: &EtcdAddrs, settings: &Settings, wakers: Arc<WakeRegistry>) -> Self {
+        let members: Vec<Member> = addrs
+            .members
+            .iter()
+            .map(|m| Member {
+                name: m.name.clone(),
+                url: m.url.clone(),
+                client: OnceCell::new(),
+            })
+            .collect();
+        let addr = members
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        EtcdNode {
+            inner: Arc::new(Inner {
+                members,
+                user: addrs.user.clone(),
+                addr: format!("etcd[{addr}]"),
+                prefix: settings.key_prefix.clone(),
+                connect_timeout: settings.connect_timeout,
+                response_timeout: settings.response_timeout,
+                preferred: AtomicUsize::new(0),
+                grants: Mutex::new(HashMap::new()),
+                wakers,
+            }),
+        }
+    }
+}
+
+type Op<T> = dyn Fn(Client) -> BoxFuture<'static, Result<T, etcd_client::Error>> + Send + Sync;
+
+impl Inner {
+    fn key(&self, name: &str) -> Vec<u8> {
+        format!("{}{name}", self.prefix).into_bytes()
+    }
+
+    fn grants(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Grant>> {
+        self.grants.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The client of member `i`, made on first use (no I/O but authentication).
+    async fn client(&self, i: usize) -> Result<Client, etcd_client::Error> {
+        let member = &self.members[i];
+        let client = member
+            .client
+            .get_or_try_init(|| async {
+                let endpoint = tonic::transport::Endpoint::from_shared(member.url.clone())?
+                    .connect_timeout(self.connect_timeout)
+                    .timeout(self.response_timeout)
+                    .tcp_nodelay(true);
+                #[cfg(feature = "tls")]
+                let endpoint = if member.url.starts_with("https://") {
+                    endpoint.tls_config(
+                        etcd_client::TlsOptions::new()
+                            .with_webpki_roots()
+                            .domain_name(member.name.rsplit_once(':').map_or("", |(h, _)| h)),
+                    )?
+                } else {
+                    endpoint
+                };
+                let channel = etcd_client::Channel::Tonic(endpoint.connect_lazy());
+                let mut options = ConnectOptions::new().with_require_leader(true);
+                if let Some((user, password)) = &self.user {
+                    options = options
+                        .with_user(user.clone(), password.clone())
+                        .with_auto_token_refresh(true);
+                }
+                Client::from_channel(channel, Some(options)).await
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// Runs `op` on the preferred member, moving on to the next ones while they fail in a way
+    /// another member may not (refused, broken, no leader), all within one connect plus one
+    /// response timeout.
+    async fn call<T>(&self, what: &str, op: &Op<T>) -> Result<T, NodeFailure> {
+        let n = self.members.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let deadline = Instant::now() + self.connect_timeout + self.response_timeout;
+        let mut causes: Vec<(usize, FailureKind, String)> = Vec::new();
+        for step in 0..n {
+            let i = (first + step) % n;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let attempt = async { op(self.client(i).await?).await };
+            let (kind, detail) = match tokio::time::timeout(left, attempt).await {
+                Ok(Ok(value)) => {
+                    if step > 0 {
+                        self.preferred.store(i, Ordering::Relaxed);
+                    }
+                    return Ok(value);
+                }
+                Ok(Err(err)) => classify(&err),
+                Err(_) => (FailureKind::Timeout, format!("no answer to {what} in time")),
+            };
+            causes.push((i, kind, detail));
+            self.preferred.store((i + 1) % n, Ordering::Relaxed);
+            if !kind.is_transient() {
+                // Authentication and permissions are the cluster's, not one member's.
+                break;
+            }
+        }
+        Err(self.failure(what, causes))
+    }
+
+    /// One failure for the whole cluster, naming each endpoint's cause.
+    fn failure(&self, what: &str, causes: Vec<(usize, FailureKind, String)>) -> NodeFailure {
+        if causes.is_empty() {
+            return NodeFailure::timeout(&self.addr, what);
+        }
+        let pick = |k: FailureKind| causes.iter().any(|(_, kind, _)| *kind == k);
+        let kind = [
+            FailureKind::Auth,
+            FailureKind::Permission,
+            FailureKind::Response,
+            FailureKind::Timeout,
+            FailureKind::Io,
+            FailureKind::Busy,
+        ]
+        .into_iter()
+        .find(|k| pick(*k))
+        .unwrap_or(FailureKind::Refused);
+        let detail = causes
+            .iter()
+            .map(|(i, kind, detail)| {
+                let cause = NodeFailure {
+                    node: self.members[*i].name.clone(),
+                    kind: *kind,
+                    detail: detail.clone(),
+                };
+                cause.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        NodeFailure {
+            node: self.addr.clone(),
+            kind,
+            detail: format!("{what}: {detail}"),
+        }
+    }
+
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, NodeFailure> {
+        let op = move |mut client: Client| -> BoxFuture<'static, _> {
+            let txn = txn.clone();
+            Box::pin(async move { client.txn(txn).await })
+        };
+        self.call(what, &op).await
+    }
+
+    /// Revokes `lease`; a lease that is gone already counts as revoked.
+    async fn revoke(&self, lease: i64) -> Result<(), NodeFailure> {
+        let op = move |mut client: Client| -> BoxFuture<'static, _> {
+            Box::pin(async move {
+                match client.lease_revoke(lease).await {
+                    Ok(_) => Ok(()),
+                    Err(err) if lease_not_found(&err) => Ok(()),
+                    Err(err) => Err(err),
+                }
+            })
+        };
+        self.call("lease revoke", &op).await
+    }
+
+    /// Revokes `lease` in the background (housekeeping: an unrevoked lease expires by its TTL).
+    fn revoke_later(self: &Arc<Self>, lease: i64) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let inner = Arc::clone(self);
+            runtime.spawn(async move {
+                let _ = inner.revoke(lease).await;
+            });
+        }
+    }
+
+    /// What each key holds, from the `get`s of a transaction, in key order.
+    fn seen(resp: &TxnResponse, token: &Token) -> Vec<Seen> {
+        resp.op_responses()
+            .iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(match get.kvs().first() {
+                    None => Seen::Absent,
+                    Some(kv) => seen_kv(kv, token),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn acquire(
+        self: &Arc<Self>,
+        names: &[Arc<str>],
+        token: &Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<Attempt, NodeFailure> {
+        let secs = lease_secs(ttl);
+        let known = self.grants().get(token).copied();
+        let lease = match known {
+            Some(grant) => grant.lease,
+            None => {
+                let op = move |mut client: Client| -> BoxFuture<'static, _> {
+                    Box::pin(async move { client.lease_grant(secs, None).await })
+                };
+                let granted = self.call("lease grant", &op).await?;
+                if granted.ttl() < secs {
+                    self.revoke_later(granted.id());
+                    return Err(NodeFailure::response(
+                        &self.addr,
+                        "etcd granted a lease shorter than the lock's ttl",
+                    ));
+                }
+                self.grants().insert(
+                    token.clone(),
+                    Grant {
+                        lease: granted.id(),
+                        revision: None,
+                    },
+                );
+                granted.id()
+            }
+        };
+        let keys: Vec<Vec<u8>> = names.iter().map(|n| self.key(n)).collect();
+        let txn = Txn::new()
+            .when(
+                keys.iter()
+                    .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
+                    .collect::<Vec<_>>(),
+            )
+            .and_then(
+                keys.iter()
+                    .map(|k| {
+                        let lease = PutOptions::new().with_lease(lease);
+                        TxnOp::put(k.clone(), token.as_str(), Some(lease))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .or_else(gets(&keys));
+        let resp = match self.txn("acquire", txn).await {
+            Ok(resp) => resp,
+            Err(failure) => {
+                if !failure.kind.may_have_applied() {
+                    // Nothing landed: the lease is of no use to anyone.
+                    self.forget(token);
+                }
+                return Err(failure);
+            }
+        };
+        let revision = if resp.succeeded() {
+            resp.header().map_or(0, |h| h.revision())
+        } else {
+            let seen = Self::seen(&resp, token);
+            if let Some(index) = seen.iter().position(|s| matches!(s, Seen::Theirs)) {
+                self.forget(token);
+                return Ok(Attempt::Held { index, pttl: None });
+            }
+            match seen.iter().position(|s| matches!(s, Seen::Absent)) {
+                None => seen
+                    .iter()
+                    .map(|s| match s {
+                        Seen::Ours { revision, .. } => *revision,
+                        _ => 0,
+                    })
+                    .max()
+                    .unwrap_or(0),
+                Some(index) => {
+                    // Part of an earlier grant of ours is gone (deleted by hand): give the rest
+                    // back and try again at once with a fresh lease.
+                    self.forget(token);
+                    return Ok(Attempt::Held {
+                        index,
+                        pttl: Some(Duration::ZERO),
+                    });
+                }
+            }
+        };
+        if let Some(grant) = self.grants().get_mut(token) {
+            grant.revision = Some(revision);
+        }
+        let fence = u64::try_from(revision).unwrap_or(0);
+        let fences = if fencing {
+            vec![fence; names.len()]
+        } else {
+            Vec::new()
+        };
+        Ok(Attempt::Acquired { fences })
+    }
+
+    /// Drops `token`'s lease (revoked in the background, which deletes any key still on it).
+    fn forget(self: &Arc<Self>, token: &Token) {
+        let grant = self.grants().remove(token);
+        if let Some(grant) = grant {
+            self.revoke_later(grant.lease);
+        }
+    }
+
+    async fn extend(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
+        let Some(grant) = self.grants().get(item.token).copied() else {
+            return ExtendOutcome::NotOwned { index: 0 };
+        };
+        let lease = grant.lease;
+        let op = move |client: Client| -> BoxFuture<'static, _> {
+            Box::pin(async move {
+                match client.lease_client().keep_alive(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(err) if lease_not_found(&err) => Ok(false),
+                    Err(err) => Err(err),
+                }
+            })
+        };
+        match self.call("lease keepalive", &op).await {
+            Ok(true) => {}
+            Ok(false) => return ExtendOutcome::NotOwned { index: 0 },
+            Err(failure) => return ExtendOutcome::Failed(failure),
+        }
+        // The lease lives; the keys must too (deleted by hand, or by a forced release).
+        let keys: Vec<Vec<u8>> = item.names.iter().map(|n| self.key(n)).collect();
+        let resp = match self
+            .txn("renewal check", Txn::new().and_then(gets(&keys)))
+            .await
+        {
+            Ok(resp) => resp,
+            Err(failure) => return ExtendOutcome::Failed(failure),
+        };
+        let seen = Self::seen(&resp, item.token);
+        for (index, s) in seen.iter().enumerate() {
+            let ours = matches!(s, Seen::Ours { revision, lease: l }
+                if *l == lease && grant.revision.is_none_or(|r| r == *revision));
+            if !ours {
+                return ExtendOutcome::NotOwned { index };
+            }
+        }
+        if seen.len() != item.names.len() {
+            return ExtendOutcome::Failed(NodeFailure::response(
+                &self.addr,
+                "renewal check: etcd answered with fewer reads than asked",
+            ));
+        }
+        ExtendOutcome::Extended
+    }
+
+    async fn release(
+        self: &Arc<Self>,
+        names: &[Arc<str>],
+        token: &Token,
+    ) -> Result<bool, NodeFailure> {
+        let grant = self.grants().remove(token);
+        let keys: Vec<Vec<u8>> = names.iter().map(|n| self.key(n)).collect();
+        let mut compares: Vec<Compare> = keys
+            .iter()
+            .map(|k| Compare::value(k.clone(), CompareOp::Equal, token.as_str()))
+            .collect();
+        if let Some(revision) = grant.and_then(|g| g.revision) {
+            compares.extend(
+                keys.iter()
+                    .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, revision)),
+            );
+        }
+        let txn = Txn::new()
+            .when(compares)
+            .and_then(
+                keys.iter()
+                    .map(|k| TxnOp::delete(k.clone(), None))
+                    .collect::<Vec<_>>(),
+            )
+            .or_else(gets(&keys));
+        let resp = match self.txn("release", txn).await {
+            Ok(resp) => resp,
+            Err(failure) => {
+                if let Some(grant) = grant {
+                    // A retry (the engine's cleanup) still needs the lease.
+                    self.grants().insert(token.clone(), grant);
+                }
+                return Err(failure);
+            }
+        };
+        if resp.succeeded() {
+            if let Some(grant) = grant {
+                self.revoke_later(grant.lease);
+            }
+            return Ok(true);
+        }
+        // Not all ours: revoking our lease deletes whatever of ours is left.
+        let mut leases: Vec<i64> = grant.map(|g| g.lease).into_iter().collect();
+        for s in Self::seen(&resp, token) {
+            if let Seen::Ours { lease, .. } = s {
+                if !leases.contains(&lease) {
+                    leases.push(lease);
+                }
+            }
+        }
+        for lease in leases {
+            self.revoke(lease).await?;
+        }
+        Ok(false)
+    }
+
+    /// Wakes this client's waiters of `name` on each deletion of its key, for as long as the
+    /// task runs (the subscription aborts it). `confirmed` learns whether the first watch was
+    /// set up; a broken watch wakes the waiters (a release may have been missed) and is set up
+    /// again.
+    async fn watch_loop(
+        self: Arc<Self>,
+        name: String,
+        confirmed: tokio::sync::oneshot::Sender<bool>,
+    ) {
+        let key = self.key(&name);
+        let mut confirmed = Some(confirmed);
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let i = self.preferred.load(Ordering::Relaxed) % self.members.len();
+            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let open = async {
+                let mut client = self.client(i).await?;
+                client.watch(key.clone(), Some(options)).await
+            };
+            let bound = self.connect_timeout + self.response_timeout;
+            if let Ok(Ok(mut stream)) = tokio::time::timeout(bound, open).await {
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.created() {
+                        pause = Duration::from_millis(50);
+                        if let Some(tx) = confirmed.take() {
+                            let _ = tx.send(true);
+                        }
+                    }
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        self.wakers.notify(&name);
+                    }
+                    if resp.canceled() {
+                        break;
+                    }
+                }
+            }
+            match confirmed.take() {
+                Some(tx) => {
+                    let _ = tx.send(false);
+                }
+                None => self.wakers.notify(&name),
+            }
+            self.preferred
+                .store((i + 1) % self.members.len(), Ordering::Relaxed);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<NodeView>, NodeFailure> {
+        let key = self.key(name);
+        let op = move |mut client: Client| -> BoxFuture<'static, _> {
+            let key = key.clone();
+            Box::pin(async move {
+                let got = client.get(key, None).await?;
+                let Some(kv) = got.kvs().first() else {
+                    return Ok(None);
+                };
+                let remaining = match kv.lease() {
+                    0 => None,
+                    lease => {
+                        let ttl = client.lease_time_to_live(lease, None).await?.ttl();
+                        Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
+                    }
+                };
+                Ok(Some(NodeView {
+                    remaining,
+                    fence: u64::try_from(kv.create_revision()).ok(),
+                }))
+            })
+        };
+        self.call("inspect", &op).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool, NodeFailure> {
+        let key = self.key(name);
+        let op = move |mut client: Client| -> BoxFuture<'static, _> {
+            let key = key.clone();
+            Box::pin(async move {
+                let options = etcd_client::DeleteOptions::new().with_prev_key();
+                let deleted = client.delete(key, Some(options)).await?;
+                Ok(deleted.prev_kvs().first().map(KeyValue::lease))
+            })
+        };
+        match self.call("force release", &op).await? {
+            None => Ok(false),
+            Some(0) => Ok(true),
+            Some(lease) => {
+                // The holder's other keys (of a multi-key lock) go with its lease.
+                self.revoke(lease).await?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// One read of each key, in order.
+fn gets(keys: &[Vec<u8>]) -> Vec<TxnOp> {
+    keys.iter().map(|k| TxnOp::get(k.clone(), None)).collect()
+}
+
+fn seen_kv(kv: &KeyValue, token: &Token) -> Seen {
+    if kv.value() == token.as_str().as_bytes() {
+        Seen::Ours {
+            revision: kv.create_revision(),
+            lease: kv.lease(),
+        }
+    } else {
+        Seen::Theirs
+    }
+}
+
+fn lease_not_found(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::LeaseKeepAliveError(msg) => msg.contains("not found"),
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::NotFound || status.message().contains("lease not found")
+        }
+        _ => false,
+    }
+}
+
+/// The kind of an etcd client error, and what to say about it (never a password or token: etcd's
+/// messages carry neither).
+fn classify(err: &etcd_client::Error) -> (FailureKind, String) {
+    use etcd_client::Error;
+    use tonic::Code;
+    let kind = match err {
+        Error::GRpcStatus(status) => {
+            let msg = status.message();
+            match status.code() {
+                Code::Unavailable if msg.contains("refused") => FailureKind::Refused,
+                Code::Unavailable
+                    if msg.contains("no leader")
+                        || msg.contains("leader changed")
+                        || msg.contains("not capable") =>
+                {
+                    FailureKind::Busy
+                }
+                Code::Unavailable if msg.contains("timed out") => FailureKind::Timeout,
+                Code::Unavailable | Code::Unknown if msg.contains("connect") => FailureKind::Io,
+                Code::Unavailable => FailureKind::Io,
+                Code::DeadlineExceeded | Code::Cancelled => FailureKind::Timeout,
+                Code::Unauthenticated => FailureKind::Auth,
+                Code::InvalidArgument if msg.contains("auth") => FailureKind::Auth,
+                Code::PermissionDenied => FailureKind::Permission,
+                Code::ResourceExhausted => FailureKind::Busy,
+                _ => FailureKind::Response,
+            }
+        }
+        Error::TransportError(_) | Error::IoError(_) => {
+            if format!("{err:?}").contains("ConnectionRefused") {
+                FailureKind::Refused
+            } else {
+                FailureKind::Io
+            }
+        }
+        Error::LeaseKeepAliveError(_) | Error::WatchError(_) => FailureKind::Io,
+        _ => FailureKind::Response,
+    };
+    let detail = match err {
+        Error::GRpcStatus(status) => status.message().to_owned(),
+        other => other.to_string(),
+    };
+    (kind, detail)
+}
+
+/// Aborts the watch task when the subscription is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Node for EtcdNode {
+    fn acquire<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
+        Box::pin(self.inner.acquire(names, token, ttl, fencing))
+    }
+
+    fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
+        Box::pin(join_all(items.iter().map(|item| self.inner.extend(item))))
+    }
+
+    fn release<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        _wake: bool,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        // etcd's watches wake the waiters of every client.
+        Box::pin(self.inner.release(names, token))
+    }
+
+    fn raise_fences<'a>(
+        &'a self,
+        _names: &'a [Arc<str>],
+        _fences: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), NodeFailure>> {
+        // Revisions are the cluster's own: nothing to write back.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn watch(&self, name: &str) -> Subscription {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Subscription {
+                confirmed: Box::pin(async { false }),
+                keep: None,
+            };
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = runtime.spawn(Arc::clone(&self.inner).watch_loop(name.to_owned(), tx));
+        Subscription {
+            confirmed: Box::pin(async move { rx.await.unwrap_or(false) }),
+            keep: Some(Box::new(AbortOnDrop(task))),
+        }
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+        Box::pin(self.inner.inspect(name))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(self.inner.force_release(name))
+    }
+
+    fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(endpoints: &[&str]) -> Result<EtcdAddrs, LockError> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+        EtcdAddrs::parse("endpoints", &endpoints)
+    }
+
+    #[test]
+    fn leases_round_up_to_whole_seconds() {
+        assert_eq!(lease_secs(Duration::from_millis(1)), 1);
+        assert_eq!(lease_secs(Duration::from_millis(500)), 1);
+        assert_eq!(lease_secs(Duration::from_secs(2)), 2);
+        assert_eq!(lease_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn endpoints_parse_and_name_their_field() {
+        let addrs = parse(&["127.0.0.1:2379", "http://u:hunter2@h2:2379/"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(addrs.members[0].url, "http://127.0.0.1:2379");
+        assert_eq!(addrs.members[1].url, "http://h2:2379");
+        assert_eq!(addrs.user, Some(("u".to_owned(), "hunter2".to_owned())));
+        assert!(!format!("{addrs:?}").contains("hunter2"));
+        for bad in [
+            &[][..],
+            &["redis://h:1"],
+            &["h"],
+            &["h:0"],
+            &["h:1", "http://h:1"],
+            &["http://u@h:1"],
+            &["http://a:b@h:1", "http://c:d@h:2"],
+        ] {
+            match parse(bad) {
+                Err(LockError::Config { field, reason }) => {
+                    assert_eq!(field, "endpoints");
+                    assert!(
+                        !reason.contains("hunter2") && !reason.contains(":b@"),
+                        "{reason}"
+                    );
+                }
+                Err(other) => panic!("{bad:?}: {other:?}"),
+                Ok(_) => panic!("{bad:?} was accepted"),
+            }
+        }
+        let tls = parse(&["https://u:hunter2@h:2379"]);
+        if cfg!(feature = "tls") {
+            assert!(tls.is_ok());
+        } else {
+            let msg = tls.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                msg.contains("`tls` feature") && !msg.contains("hunter2"),
+                "{msg}"
+            );
+        }
+    }
+}
