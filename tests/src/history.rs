@@ -99,6 +99,33 @@ pub fn grants<'a>(lines: impl IntoIterator<Item = &'a String>) -> Vec<Grant> {
         .collect()
 }
 
+/// The grants of finished workers, each of which (named in `who`, in the same order) must have
+/// succeeded and reported `per_worker` grants, with their summed `(violations, lost)`.
+pub fn gather(
+    outputs: &[crate::Finished],
+    who: &[&str],
+    per_worker: usize,
+) -> (Vec<Grant>, u64, u64) {
+    let mut all = Vec::new();
+    let (mut violations, mut lost) = (0, 0);
+    for (out, who) in outputs.iter().zip(who) {
+        out.assert_success(&format!("{who} worker"));
+        let own = grants(&out.stdout);
+        assert_eq!(
+            own.len(),
+            per_worker,
+            "{who} worker reported {} grants\nstderr: {}",
+            own.len(),
+            out.stderr
+        );
+        let (v, l) = summary(&out.stdout);
+        violations += v;
+        lost += l;
+        all.extend(own);
+    }
+    (all, violations, lost)
+}
+
 /// The `violations=<v> lost=<l>` summary line the workers end with, as `(v, l)`; panics without one.
 pub fn summary<'a>(lines: impl IntoIterator<Item = &'a String>) -> (u64, u64) {
     let counts = |line: &str| {

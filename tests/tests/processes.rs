@@ -43,24 +43,8 @@ fn six_processes_increment_a_counter_without_overlap() {
     let outputs = finish_all(&mut workers, WORKERS_TIMEOUT);
     let took = started.elapsed();
 
-    let mut grants = Vec::new();
-    let mut violations = 0;
-    let mut lost = 0;
-    for (out, mode) in outputs.iter().zip(&modes) {
-        out.assert_success(&format!("{mode} worker"));
-        let own = history::grants(&out.stdout);
-        assert_eq!(
-            own.len(),
-            usize::try_from(ITERATIONS).unwrap(),
-            "{mode} worker reported {} grants\nstderr: {}",
-            own.len(),
-            out.stderr
-        );
-        let (v, l) = history::summary(&out.stdout);
-        violations += v;
-        lost += l;
-        grants.extend(own);
-    }
+    let (grants, violations, lost) =
+        history::gather(&outputs, &modes, usize::try_from(ITERATIONS).unwrap());
 
     let counter: Option<i64> = redis::cmd("GET")
         .arg(format!("{data}:counter"))

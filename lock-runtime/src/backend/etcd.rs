@@ -393,8 +393,18 @@ impl Inner {
     ) -> Result<Attempt, NodeFailure> {
         let secs = lease_secs(ttl);
         let known = self.grants().get(token).copied();
-        let lease = match known {
-            Some(grant) => grant.lease,
+        let mut reused = None;
+        if let Some(grant) = known {
+            // A retry after an unknown outcome: the lease must count its TTL from this attempt
+            // (the grant's validity does), so it is kept alive first; gone, a new one it is.
+            if self.keep_alive(grant.lease).await? {
+                reused = Some(grant.lease);
+            } else {
+                self.grants().remove(token);
+            }
+        }
+        let lease = match reused {
+            Some(lease) => lease,
             None => {
                 let op = move |mut client: Client| -> BoxFuture<'static, _> {
                     Box::pin(async move { client.lease_grant(secs, None).await })
@@ -491,11 +501,8 @@ impl Inner {
         }
     }
 
-    async fn extend(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
-        let Some(grant) = self.grants().get(item.token).copied() else {
-            return ExtendOutcome::NotOwned { index: 0 };
-        };
-        let lease = grant.lease;
+    /// One keepalive of `lease`: its TTL counts again from now. `Ok(false)` when it is gone.
+    async fn keep_alive(&self, lease: i64) -> Result<bool, NodeFailure> {
         let op = move |client: Client| -> BoxFuture<'static, _> {
             Box::pin(async move {
                 match client.lease_client().keep_alive(lease).await {
@@ -505,7 +512,15 @@ impl Inner {
                 }
             })
         };
-        match self.call("lease keepalive", &op).await {
+        self.call("lease keepalive", &op).await
+    }
+
+    async fn extend(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
+        let Some(grant) = self.grants().get(item.token).copied() else {
+            return ExtendOutcome::NotOwned { index: 0 };
+        };
+        let lease = grant.lease;
+        match self.keep_alive(lease).await {
             Ok(true) => {}
             Ok(false) => return ExtendOutcome::NotOwned { index: 0 },
             Err(failure) => return ExtendOutcome::Failed(failure),
@@ -723,7 +738,12 @@ fn lease_not_found(err: &etcd_client::Error) -> bool {
 fn classify(err: &etcd_client::Error) -> (FailureKind, String) {
     use etcd_client::Error;
     use tonic::Code;
+    let root = root_cause(err);
+    let refused = root
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
     let kind = match err {
+        _ if refused => FailureKind::Refused,
         Error::GRpcStatus(status) => {
             let msg = status.message();
             match status.code() {
@@ -746,21 +766,40 @@ fn classify(err: &etcd_client::Error) -> (FailureKind, String) {
                 _ => FailureKind::Response,
             }
         }
-        Error::TransportError(_) | Error::IoError(_) => {
-            if format!("{err:?}").contains("ConnectionRefused") {
-                FailureKind::Refused
-            } else {
-                FailureKind::Io
-            }
-        }
-        Error::LeaseKeepAliveError(_) | Error::WatchError(_) => FailureKind::Io,
+        Error::TransportError(_)
+        | Error::IoError(_)
+        | Error::LeaseKeepAliveError(_)
+        | Error::WatchError(_) => FailureKind::Io,
         _ => FailureKind::Response,
     };
-    let detail = match err {
+    let mut detail = match err {
         Error::GRpcStatus(status) => status.message().to_owned(),
         other => other.to_string(),
     };
+    let why = root.to_string();
+    if !detail.contains(&why) {
+        detail = format!("{detail}: {why}");
+    }
     (kind, detail)
+}
+
+/// The innermost source of `err` (for a refused connection: the OS error).
+fn root_cause(err: &etcd_client::Error) -> &(dyn std::error::Error + 'static) {
+    // etcd-client's own error has no `source`: start from what it wraps.
+    let mut cause: &(dyn std::error::Error + 'static) = match err {
+        etcd_client::Error::GRpcStatus(status) => status,
+        etcd_client::Error::TransportError(transport) => transport,
+        etcd_client::Error::IoError(io) => io,
+        other => other,
+    };
+    // Bounded: error chains are short, and a cycle would be a bug elsewhere.
+    for _ in 0..16 {
+        match cause.source() {
+            Some(inner) => cause = inner,
+            None => break,
+        }
+    }
+    cause
 }
 
 /// Aborts the watch task when the subscription is dropped.

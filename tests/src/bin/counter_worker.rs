@@ -8,6 +8,9 @@
 //! `acquire_blocking` from a plain `main` without any runtime; `async` runs on a tokio runtime
 //! built here (what `#[tokio::main]` expands to) and uses `acquire().await`.
 //!
+//! With `LOCK_ETCD_ENDPOINTS` set, the lock is taken on etcd (`LockConfig::from_env`); the data
+//! stays on Redis.
+//!
 //! Prints one `lock_tests::history::Grant` line per grant, then `violations=<v> lost=<l>`. Exits with 0 when every
 //! iteration ran (violations are reported, not an exit code), 2 on bad arguments, 3 on a lock or
 //! Redis error (with the error on stderr).
@@ -47,7 +50,13 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let client = match LockClient::new(LockConfig::single(args.url.as_str())) {
+    // With LOCK_ETCD_ENDPOINTS set, the lock lives on etcd (the data stays on Redis).
+    let config = if std::env::var_os(lock_runtime::ENV_ETCD_ENDPOINTS).is_some() {
+        LockConfig::from_env()
+    } else {
+        LockConfig::single(args.url.as_str())
+    };
+    let client = match LockClient::new(config) {
         Ok(client) => client,
         Err(err) => {
             eprintln!("counter_worker: {err}");

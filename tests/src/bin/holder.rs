@@ -2,6 +2,7 @@
 //!
 //! Usage: `holder <redis-url> <key> <ttl-ms>`. Prints `acquired fence=<n>` on stdout once the lock is
 //! held (the renewal driver keeps it alive from then on), then sleeps until the process is killed.
+//! With `LOCK_ETCD_ENDPOINTS` set, the lock is taken on etcd instead (`LockConfig::from_env`).
 //! Exits with 2 on bad arguments, 3 when the lock cannot be taken.
 
 use std::io::Write as _;
@@ -20,7 +21,13 @@ fn main() -> ExitCode {
         eprintln!("holder: ttl-ms must be a number of milliseconds");
         return ExitCode::from(2);
     };
-    let client = match LockClient::new(LockConfig::single(url.as_str())) {
+    // With LOCK_ETCD_ENDPOINTS set, the lock lives on etcd and `redis-url` is ignored.
+    let config = if std::env::var_os(lock_runtime::ENV_ETCD_ENDPOINTS).is_some() {
+        LockConfig::from_env()
+    } else {
+        LockConfig::single(url.as_str())
+    };
+    let client = match LockClient::new(config) {
         Ok(client) => client,
         Err(err) => {
             eprintln!("holder: {err}");

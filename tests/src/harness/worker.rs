@@ -40,9 +40,19 @@ pub struct Finished {
 impl Worker {
     /// Starts `binary` with `args`, stdin closed, stdout and stderr captured.
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(binary: &str, args: &[S]) -> Worker {
+        Self::spawn_with_env(binary, args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with `env` added to the child's environment.
+    pub fn spawn_with_env<S: AsRef<std::ffi::OsStr>>(
+        binary: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let name = binary.rsplit('/').next().unwrap_or(binary).to_owned();
         let mut child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,247 @@
+//! etcd on three members: processes contending (history-checked, 1,000 grants), and the faults a
+//! consensus backend is for: the leader killed while a lock is held, a holder process killed, the
+//! client partitioned from the cluster, two of three members down. The behaviour suite on one
+//! member is `etcd_behaviour.rs`.
+//!
+//! The non-destructive tests share one cluster per binary (distinct keys); a test that kills
+//! members starts a cluster of its own.
+
+#![cfg(feature = "etcd")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{ENV_ETCD_ENDPOINTS, FailureKind, LockClient, LockConfig, LockError};
+use lock_tests::{
+    EtcdCluster, FaultProxy, RedisServer, Worker, bounded, etcd_key, finish_all, history,
+    unique_key, wait_until,
+};
+
+fn client(endpoints: Vec<String>) -> LockClient {
+    LockClient::new(
+        LockConfig::etcd(endpoints)
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(500)),
+    )
+    .unwrap()
+}
+
+/// `key`, waiting up to 10s for it.
+async fn take_within_10s(locks: &LockClient, key: &str) -> lock_runtime::LockGuard {
+    let wait = Duration::from_secs(10);
+    let taken = locks.lock(key).wait(wait).acquire().await;
+    taken.unwrap_or_else(|e| panic!("{key} not taken within {wait:?}: {e}"))
+}
+
+/// Three processes (sync, async, sync) take one lock 334 times each on three members and
+/// increment a counter kept on Redis: no two grants overlap, fencing tokens (the key's create
+/// revision) strictly increase in grant order over the 1,002 grants, and no increment is lost.
+#[test]
+fn three_processes_1000_grants_never_overlap_and_fences_strictly_increase() {
+    const ITERATIONS: u64 = 334;
+    let cluster = EtcdCluster::shared(3);
+    let data_store = RedisServer::start();
+    let lock_key = unique_key("etcd:processes");
+    let data = unique_key("etcd:data");
+    let endpoints = cluster.endpoints().join(",");
+    let started = Instant::now();
+    let modes = ["sync", "async", "sync"];
+    let mut workers: Vec<Worker> = modes
+        .iter()
+        .map(|mode| {
+            Worker::spawn_with_env(
+                env!("CARGO_BIN_EXE_counter_worker"),
+                &[
+                    data_store.url().as_str(),
+                    &lock_key,
+                    &data,
+                    &ITERATIONS.to_string(),
+                    mode,
+                ],
+                &[(ENV_ETCD_ENDPOINTS, endpoints.as_str())],
+            )
+        })
+        .collect();
+    let outputs = finish_all(&mut workers, Duration::from_secs(240));
+    let took = started.elapsed();
+    let (grants, violations, lost) = history::gather(&outputs, &modes, ITERATIONS as usize);
+    let counter: Option<i64> = redis::cmd("GET")
+        .arg(format!("{data}:counter"))
+        .query(&mut data_store.admin())
+        .unwrap();
+    eprintln!(
+        "3 processes x {ITERATIONS} grants on 3 etcd members: {took:?}, {:.2} ms per grant",
+        took.as_secs_f64() * 1000.0 / (3 * ITERATIONS) as f64
+    );
+    assert_eq!((violations, lost), (0, 0));
+    assert_eq!(counter, Some(3 * ITERATIONS as i64), "increments were lost");
+    assert!(grants.iter().all(|g| g.fence > 0), "a grant had no token");
+    if let Err(violation) = history::check(&grants) {
+        panic!("{violation}");
+    }
+    assert!(!cluster.exists(&etcd_key(&lock_key)));
+}
+
+/// The leader is killed while a lock is held: keepalives move to a surviving member and the new
+/// leader keeps the lease, so the lock stays held through two ttls; nobody else gets it; the
+/// next grant's fencing token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held_the_lock_stays_held() {
+    let mut cluster = EtcdCluster::start(3);
+    let locks = client(cluster.endpoints());
+    let other = client(cluster.endpoints());
+    let key = unique_key("etcd:leader");
+    let ttl = Duration::from_secs(2);
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let first = guard.fencing_token().unwrap();
+    let leader = {
+        let mut found = None;
+        wait_until(Duration::from_secs(5), "a leader", || {
+            found = cluster.leader();
+            found.is_some()
+        });
+        found.unwrap()
+    };
+    cluster.kill(leader);
+    let killed = Instant::now();
+    // The behaviour under test is the passing of time: two ttls with the leader gone.
+    while killed.elapsed() < ttl * 2 {
+        assert!(
+            !guard.is_lost(),
+            "lost {:?} after the leader died",
+            killed.elapsed()
+        );
+        assert!(matches!(
+            other.lock(&key).acquire().await,
+            Err(LockError::Contended { .. } | LockError::Unavailable { .. })
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Contended, not Unavailable, once the cluster has its new leader.
+    let contended = bounded(Duration::from_secs(5), "a contended answer", async {
+        loop {
+            match other.lock(&key).acquire().await {
+                Err(LockError::Contended { .. }) => return,
+                Err(LockError::Unavailable { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                answer => panic!("expected Contended, got {answer:?}"),
+            }
+        }
+    });
+    contended.await;
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+    let next = other.lock(&key).acquire().await.unwrap();
+    assert!(next.fencing_token().unwrap() > first);
+    next.release().await.unwrap();
+}
+
+/// A holder process is killed (SIGKILL) while holding: its lease is not kept alive any more and
+/// the lock frees within its ttl (rounded up to whole seconds) plus etcd's expiry check; a
+/// waiter, woken by the deletion, gets it with a larger fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_within_its_ttl() {
+    let cluster = EtcdCluster::shared(3);
+    let key = unique_key("etcd:killed");
+    let endpoints = cluster.endpoints().join(",");
+    let ttl = Duration::from_secs(2);
+    let mut holder = Worker::spawn_with_env(
+        env!("CARGO_BIN_EXE_holder"),
+        &["unused", key.as_str(), &ttl.as_millis().to_string()],
+        &[(ENV_ETCD_ENDPOINTS, endpoints.as_str())],
+    );
+    let line = holder.next_line(Duration::from_secs(10));
+    let stale: u64 = line
+        .strip_prefix("acquired fence=")
+        .unwrap_or_else(|| panic!("holder said {line:?}"))
+        .parse()
+        .unwrap();
+    holder.kill();
+    let killed = Instant::now();
+    let locks = client(cluster.endpoints());
+    let guard = take_within_10s(&locks, &key).await;
+    let freed = killed.elapsed();
+    eprintln!("free {freed:?} after the holder was killed (ttl {ttl:?})");
+    // The lease's ttl, counted from the last keepalive (up to ttl/3 before the kill), plus
+    // etcd's 500ms expiry sweep and the wake-up.
+    assert!(freed < ttl + Duration::from_millis(1500), "{freed:?}");
+    assert!(guard.fencing_token().unwrap() > stale);
+    guard.release().await.unwrap();
+}
+
+/// The client is partitioned from the cluster (a blackhole in front of its only endpoint) while
+/// it holds a lock: the holder is told `Lost` at its validity deadline (ttl after the last
+/// confirmed keepalive), the async body is cancelled and the call says `Lost`; another client
+/// gets the lock only after that, once the lease expired on the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_gets_it() {
+    let cluster = EtcdCluster::shared(3);
+    let proxy = FaultProxy::start(cluster.client_port(0));
+    let locks = client(vec![proxy.http_url()]);
+    let other = client(cluster.endpoints());
+    let key = unique_key("etcd:partition");
+    let ttl = Duration::from_secs(2);
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let (inside_tx, inside) = tokio::sync::oneshot::channel();
+    // A second, attribute-style call on another key shows the body cancellation.
+    let body_key = unique_key("etcd:partition-body");
+    let body_call = locks.lock(&body_key).ttl(ttl);
+    let body = tokio::spawn(async move {
+        body_call
+            .run(async move {
+                let _ = inside_tx.send(());
+                std::future::pending::<()>().await;
+                Ok::<(), LockError>(())
+            })
+            .await
+    });
+    inside.await.unwrap();
+    proxy.set_blackhole(true);
+    let cut = Instant::now();
+    bounded(ttl * 2, "the loss", guard.lost()).await;
+    let lost_after = cut.elapsed();
+    let body_result = bounded(ttl * 2, "the cancelled body", body).await.unwrap();
+    assert_eq!(body_result, Err(LockError::Lost { key: body_key }));
+    let taken = take_within_10s(&other, &key).await;
+    let taken_after = cut.elapsed();
+    eprintln!("lost {lost_after:?} after the partition; taken by another after {taken_after:?}");
+    // The last confirmed keepalive was at most ttl/3 before the cut.
+    assert!(lost_after <= ttl, "{lost_after:?}");
+    assert!(lost_after >= ttl / 2, "lost too early: {lost_after:?}");
+    assert!(
+        taken_after > lost_after,
+        "granted to another before the holder knew"
+    );
+    proxy.set_blackhole(false);
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    taken.release().await.unwrap();
+}
+
+/// Two of three members down: no quorum, so acquires are `Unavailable` (never `Contended`),
+/// quickly, naming each endpoint; once one member is back the lock works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_three_down_is_unavailable_and_works_again_when_one_returns() {
+    let mut cluster = EtcdCluster::start(3);
+    let locks = client(cluster.endpoints());
+    let key = unique_key("etcd:quorum");
+    take_within_10s(&locks, &key).await.release().await.unwrap();
+    cluster.kill(1);
+    cluster.kill(2);
+    let started = Instant::now();
+    let err = locks.lock(&key).acquire().await.unwrap_err();
+    let took = started.elapsed();
+    eprintln!("without quorum, after {took:?}: {err}");
+    let LockError::Unavailable { causes, .. } = &err else {
+        panic!("expected Unavailable, got {err:?}");
+    };
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let shown = err.to_string();
+    for i in 0..3 {
+        let endpoint = format!("127.0.0.1:{}", cluster.client_port(i));
+        assert!(shown.contains(&endpoint), "{endpoint} missing from {shown}");
+    }
+    assert!(causes.iter().all(|c| c.kind != FailureKind::Auth));
+    cluster.restart(2);
+    take_within_10s(&locks, &key).await.release().await.unwrap();
+}
