@@ -69,7 +69,41 @@ pub(crate) struct NotifyOrBackoff<'a> {
     wakers: &'a Arc<WakeRegistry>,
     names: &'a Names,
     backoff: Backoff,
+    /// Pauses after "free any moment" answers.
+    soon: Soon,
     watch: Option<Watching>,
+}
+
+/// The pause before retrying a lock that is about to be free (`pttl` zero: it expires now, or a
+/// Redlock vote was split and every contender is withdrawing). Contenders that all retry at once
+/// would split the vote again, so each waits a random time in a window that starts at 2 ms and
+/// doubles with every such answer in a row, up to the normal retry delay (a holder that somehow
+/// keeps answering "about to be free" is then asked no more often than usual).
+#[derive(Debug)]
+struct Soon {
+    window: Duration,
+    cap: Duration,
+}
+
+impl Soon {
+    const FIRST: Duration = Duration::from_millis(2);
+
+    fn new(settings: &Settings) -> Self {
+        Soon {
+            window: Self::FIRST,
+            cap: settings.retry_delay.max(Self::FIRST),
+        }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.window.mul_f64(fastrand::f64());
+        self.window = (self.window * 2).min(self.cap);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.window = Self::FIRST;
+    }
 }
 
 struct Watching {
@@ -124,6 +158,7 @@ impl<'a> NotifyOrBackoff<'a> {
             wakers,
             names,
             backoff: Backoff::new(settings),
+            soon: Soon::new(settings),
             watch: None,
         }
     }
@@ -143,10 +178,14 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         pttl: Option<Duration>,
         until: Option<Instant>,
     ) -> BoxFuture<'b, ()> {
-        let nap = self
-            .backoff
-            .next_delay()
-            .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)));
+        let nap = if pttl == Some(Duration::ZERO) {
+            self.soon.next_delay()
+        } else {
+            self.soon.reset();
+            self.backoff
+                .next_delay()
+                .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)))
+        };
         let wake_at = cap(Instant::now(), nap, until);
         let (backend, wakers, names) = (self.backend, self.wakers, self.names);
         let w = self
@@ -292,5 +331,38 @@ fn unavailable(name: &str, causes: Vec<NodeFailure>) -> LockError {
     LockError::Unavailable {
         key: name.to_owned(),
         causes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soon_pauses_start_short_double_and_stop_at_the_retry_delay() {
+        let settings = crate::LockConfig::in_memory()
+            .retry_delay(Duration::from_millis(100))
+            .validate()
+            .map(|c| c.settings);
+        let Ok(settings) = settings else {
+            panic!("valid config")
+        };
+        let mut soon = Soon::new(&settings);
+        let windows = [2, 4, 8, 16, 32, 64, 100, 100];
+        for (i, window) in windows.into_iter().enumerate() {
+            assert_eq!(soon.window, Duration::from_millis(window), "window {i}");
+            let delay = soon.next_delay();
+            assert!(delay <= Duration::from_millis(window), "{i}: {delay:?}");
+        }
+        soon.reset();
+        assert_eq!(soon.window, Soon::FIRST);
+        // Jittered: a hundred pauses in one window are not all the same.
+        let delays: std::collections::HashSet<Duration> = (0..100)
+            .map(|_| {
+                soon.reset();
+                soon.next_delay()
+            })
+            .collect();
+        assert!(delays.len() > 10, "{delays:?}");
     }
 }

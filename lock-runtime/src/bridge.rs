@@ -1,8 +1,13 @@
 //! The one place that hops between the caller's thread or runtime and the runtime that hosts a
 //! client (the library's own, or the caller's own with `LockConfig::runtime`).
 //!
-//! - [`run`]: from async code. On the hosting runtime the work runs in place; elsewhere it runs as
-//!   a task there and the caller awaits its answer.
+//! - [`run`]: from async code. The work runs in place, polled by the caller's own task, but with
+//!   the hosting runtime's context entered around every poll: whatever it starts (timers, tasks,
+//!   connections) belongs to the hosting runtime, so it never depends on the caller's runtime
+//!   (which may have no timer, or be about to shut down) and it costs no task hop. The
+//!   connections' own tasks run on the hosting runtime; the caller only trades messages with them.
+//!   The exception: a runtime the caller passed in (`LockConfig::runtime`), called from outside it,
+//!   may have shut down (its timers would then panic), so there the work runs as a task.
 //! - [`run_blocking`]: from sync code; blocks this thread, never the hosting runtime.
 //! - Work started by either is never cut off halfway: if the caller goes away, the work is told
 //!   through its [`CancellationToken`] and finishes on the hosting runtime.
@@ -49,22 +54,33 @@ where
     T: Send + 'static,
 {
     let gone = CancellationToken::new();
-    let work = work(gone.clone());
-    if on(runtime) {
-        return Ok(InPlace {
-            work: Some(Box::pin(work)),
-            runtime: runtime.clone(),
-            gone,
-        }
-        .await);
+    if !(on(runtime) || is_library(runtime)) {
+        // A runtime the caller gave us, seen from outside: it may have shut down, and then its
+        // timers would panic; a task there fails cleanly instead.
+        let work = work(gone.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
+            let _ = tx.send(work.await);
+        });
+        let _cancel_on_drop = gone.drop_guard();
+        return rx.await.map_err(|_| stopped());
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    runtime.spawn(async move {
-        // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
-        let _ = tx.send(work.await);
-    });
-    let _cancel_on_drop = gone.drop_guard();
-    rx.await.map_err(|_| stopped())
+    let work = {
+        let _context = runtime.enter();
+        work(gone.clone())
+    };
+    Ok(InPlace {
+        work: Some(Box::pin(work)),
+        runtime: runtime.clone(),
+        gone,
+    }
+    .await)
+}
+
+/// Whether `runtime` is the library's own, which lives as long as the process.
+fn is_library(runtime: &Handle) -> bool {
+    matches!(&*RUNTIME, Ok(library) if library.handle().id() == runtime.id())
 }
 
 /// Runs `work` on `runtime` for a sync caller, blocking this thread until it answers. On one of
@@ -99,8 +115,10 @@ fn stopped() -> LockError {
     }
 }
 
-/// Runs `work` in place; if dropped before it finishes, `gone` is cancelled and the rest runs as
-/// a task on `runtime`, so a request already sent is never cut off halfway.
+/// Runs `work` in place with `runtime`'s context entered around each poll; if dropped before it
+/// finishes, `gone` is cancelled and the rest runs as a task on `runtime`, so a request already
+/// sent is never cut off halfway. Whatever the caller no longer takes (say a guard) is then
+/// dropped on the runtime.
 struct InPlace<F: Future<Output: Send> + Send + 'static> {
     work: Option<Pin<Box<F>>>,
     runtime: Handle,
@@ -111,10 +129,14 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(work) = self.work.as_mut() else {
+        let this = &mut *self;
+        let Some(work) = this.work.as_mut() else {
             return Poll::Pending;
         };
-        let out = ready!(work.as_mut().poll(cx));
+        let out = {
+            let _context = this.runtime.enter();
+            ready!(work.as_mut().poll(cx))
+        };
         self.work = None;
         Poll::Ready(out)
     }

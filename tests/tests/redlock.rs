@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, RedisMasters, RedisServer, Worker, finish_all, history, lock_keys, unique_key,
-    wait_until_async,
+    FaultProxy, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all, history,
+    lock_keys, unique_key, wait_until_async,
 };
 
 const NODES: usize = 5;
@@ -480,6 +480,13 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
     for node in &masters.nodes[..3] {
         delete_lock(node, &key);
     }
+    // Long before the wait runs out (when a last attempt would take it anyway), the lock is ours.
+    wait_until_async(
+        Duration::from_secs(10),
+        "the waiter's grant on a majority",
+        || holders(&masters.nodes.iter().collect::<Vec<_>>(), &key) >= 3,
+    )
+    .await;
     let start = Instant::now();
     tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
         .await
@@ -731,4 +738,72 @@ async fn fencing_tokens_grow_across_changing_quorums() {
         masters.nodes[a].thaw();
         masters.nodes[b].thaw();
     }
+}
+
+// --- A split vote: every contender won some nodes, none a majority. -------------------------------
+
+/// Two foreign attempts hold nodes 0-1 and node 2 of the lock; ours wins nodes 3-4 and no
+/// majority. Nobody will publish a release (a withdrawn attempt never was a lock), so a waiter
+/// that treated this like a held lock would sleep its backoff (here 60 s) until its 30 s wait ran
+/// out; after a split it retries within milliseconds and gets the lock as soon as the foreign
+/// attempts are withdrawn.
+#[tokio::test]
+async fn split_vote_is_retried_soon_not_after_the_backoff() {
+    let masters = RedisMasters::start(NODES);
+    let waiter =
+        LockClient::new(config(masters.urls()).retry_delay(Duration::from_secs(30))).unwrap();
+    // Scripts loaded and connections up, so that each attempt is exactly one acquire and one
+    // withdrawal script on each node.
+    let warm = waiter
+        .lock(unique_key("redlock:split-warm"))
+        .acquire()
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+    let scripts = |node: &RedisServer| node.command_calls("evalsha");
+    let before = scripts(&masters.nodes[4]);
+    let key = unique_key("redlock:split");
+    let lock_key = lock_keys(&key).lock;
+    let place = |node: &RedisServer, who: &str| {
+        redis::cmd("SET")
+            .arg(&lock_key)
+            .arg(who)
+            .arg("PX")
+            .arg(60_000)
+            .query::<()>(&mut node.admin())
+            .unwrap();
+    };
+    place(&masters.nodes[0], "foreign-a");
+    place(&masters.nodes[1], "foreign-a");
+    place(&masters.nodes[2], "foreign-b");
+
+    let acquire = {
+        let lock = waiter.lock(&key).wait(Duration::from_secs(30));
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    // The waiter has been refused (it subscribes to the release channel after its first answer),
+    // and has made a second attempt: once its subscriptions are confirmed it looks again, since a
+    // release may have come before. Each attempt is one acquire and one withdrawal on node 4.
+    await_waiter(&masters.nodes[0], &key).await;
+    wait_until_async(ms(5000), "two attempts on node 4", || {
+        scripts(&masters.nodes[4]) >= before + 4 && !holds(&masters.nodes[4], &key)
+    })
+    .await;
+    // The foreign attempts withdraw too, without a release announcement.
+    for node in &masters.nodes[..3] {
+        delete_lock(node, &key);
+    }
+    // Long before the wait runs out (when a last attempt would take it anyway), the lock is ours.
+    wait_until_async(
+        Duration::from_secs(10),
+        "the waiter's grant on a majority",
+        || holders(&masters.nodes.iter().collect::<Vec<_>>(), &key) >= 3,
+    )
+    .await;
+    let guard = bounded(Duration::from_secs(5), "the waiter's acquire", acquire)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("a split vote was waited out like a held lock: {e:?}"));
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
 }

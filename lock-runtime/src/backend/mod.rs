@@ -141,6 +141,8 @@ pub(crate) enum Attempt {
     /// Every key is ours; with fencing, one token per key (in key order), else empty.
     Acquired { fences: Vec<u64> },
     /// Someone else holds the key at `index`; `pttl` is its remaining time to live when known.
+    /// `Some(ZERO)` says it is about to be free (it expires, or, in Redlock, the vote was split
+    /// and every contender is withdrawing): retry soon, after a short jittered pause.
     Held {
         index: usize,
         pttl: Option<Duration>,

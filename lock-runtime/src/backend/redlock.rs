@@ -258,6 +258,16 @@ impl Quorum {
             Ok(Attempt::Acquired { fences })
         } else if failures.len() > spare {
             Err(failures)
+        } else if won > 0 {
+            // A split vote: this attempt won some nodes, so no holder has them all; the other
+            // contenders are withdrawing their grants as this one does. Nobody will publish a
+            // release, so say "free any moment" and let the strategy retry after a short jittered
+            // pause rather than the long backoff that suits a lock that is really held.
+            let (index, _) = held.unwrap_or((0, None));
+            Ok(Attempt::Held {
+                index,
+                pttl: Some(Duration::ZERO),
+            })
         } else {
             let (index, pttl) = held.unwrap_or((0, None));
             Ok(Attempt::Held { index, pttl })
