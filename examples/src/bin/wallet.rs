@@ -1,4 +1,4 @@
-//! Withdrawals from one wallet by many concurrent tasks (and, on Redis, several processes).
+//! Withdrawals from one wallet by many concurrent tasks (and, on Redis or etcd, several processes).
 //!
 //! The balance lives in a deliberately slow, non-atomic store: read, think, write. Without the lock
 //! concurrent withdrawals would overwrite each other; with it the books balance exactly, and callers
@@ -7,7 +7,11 @@
 //! ```text
 //! cargo run -p lock-examples --bin wallet                       # in-memory locks, one process
 //! LOCK_REDIS_URL=redis://127.0.0.1:6379/ cargo run -p lock-examples --bin wallet   # Redis, 3 processes
+//! LOCK_ETCD_ENDPOINTS=http://127.0.0.1:2379 cargo run -p lock-examples --features etcd --bin wallet
 //! ```
+//!
+//! On etcd (the backend for locks that must be correct, like money: see the crate docs) the three
+//! processes keep the balance in a file they share, since etcd holds only the locks here.
 
 use std::collections::HashMap;
 use std::process::{Command, ExitCode};
@@ -30,12 +34,17 @@ enum WalletError {
     Unbalanced { left: u64, expected: u64 },
     #[error("ledger: {0}")]
     Ledger(#[from] redis::RedisError),
+    #[error("ledger file: {0}")]
+    LedgerFile(#[from] std::io::Error),
 }
 
-/// Where balances live: process memory, or Redis so that several processes share them.
+/// Where balances live: process memory, or Redis (or, with etcd locks, a file) so that several
+/// processes share them.
 enum Ledger {
     Local(Mutex<HashMap<u64, u64>>),
     Redis(redis::aio::ConnectionManager),
+    /// One balance per line, `user_id balance`.
+    File(std::path::PathBuf),
 }
 
 impl Ledger {
@@ -49,6 +58,14 @@ impl Ledger {
                 .arg(format!("wallet-demo:balance:{user_id}"))
                 .query_async::<Option<u64>>(&mut conn.clone())
                 .await?
+                .unwrap_or(0),
+            Ledger::File(path) => tokio::fs::read_to_string(path)
+                .await
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| line.split_once(' '))
+                .find(|(user, _)| user.parse() == Ok(user_id))
+                .and_then(|(_, balance)| balance.parse().ok())
                 .unwrap_or(0),
         })
     }
@@ -67,6 +84,8 @@ impl Ledger {
                     .query_async::<()>(&mut conn.clone())
                     .await?;
             }
+            // The demo has one wallet: the file is that one line.
+            Ledger::File(path) => tokio::fs::write(path, format!("{user_id} {balance}\n")).await?,
         }
         Ok(())
     }
@@ -111,7 +130,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), WalletError> {
-    let worker = std::env::args().nth(1).as_deref() == Some("--worker");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let worker = args.first().map(String::as_str) == Some("--worker");
     let config = LockConfig::from_env_or(LockConfig::in_memory());
     let redis_url = std::env::var(lock_runtime::ENV_URL)
         .ok()
@@ -121,11 +141,22 @@ async fn run() -> Result<(), WalletError> {
     }
     lock_runtime::init(config)?;
     let user_id = 42;
+    let on_etcd = std::env::var(lock_runtime::ENV_ETCD_ENDPOINTS).is_ok_and(|e| !e.is_empty());
     let (ledger, processes) = match &redis_url {
         Some(url) => {
             let first = url.split(',').next().unwrap_or(url);
             let client = redis::Client::open(first)?;
             (Ledger::Redis(client.get_connection_manager().await?), 3)
+        }
+        None if on_etcd => {
+            // Workers are handed the parent's file.
+            let path = match args.get(1) {
+                Some(path) if worker => std::path::PathBuf::from(path),
+                _ => {
+                    std::env::temp_dir().join(format!("wallet-demo-{}.ledger", std::process::id()))
+                }
+            };
+            (Ledger::File(path), 3)
         }
         None => (Ledger::Local(Mutex::new(HashMap::new())), 1),
     };
@@ -140,7 +171,12 @@ async fn run() -> Result<(), WalletError> {
         let exe = std::env::current_exe().map_err(|e| LockError::Runtime {
             reason: e.to_string(),
         })?;
-        let child = Command::new(exe).arg("--worker").spawn();
+        let mut command = Command::new(exe);
+        command.arg("--worker");
+        if let Ledger::File(path) = &*ledger {
+            command.arg(path);
+        }
+        let child = command.spawn();
         children.push(child.map_err(|e| LockError::Runtime {
             reason: e.to_string(),
         })?);
@@ -156,6 +192,9 @@ async fn run() -> Result<(), WalletError> {
     }
     show_contention(&ledger, user_id).await?;
     let left = ledger.read(user_id).await?;
+    if let Ledger::File(path) = &*ledger {
+        let _ = std::fs::remove_file(path);
+    }
     let expected = START_BALANCE - processes * TASKS * AMOUNT;
     println!(
         "{processes} process(es) x {TASKS} tasks withdrew {AMOUNT} each: balance {left}, expected {expected}"

@@ -4,8 +4,10 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
+//!     [--only pairs,handoff,memory,redlock,multi,etcd] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
+//!
+//! Section 6 (`etcd`) needs the `etcd` feature too: `--features bench,etcd`.
 //!
 //! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
 //! always starts five local servers of its own, since it freezes one of them. Each section prints
@@ -34,6 +36,9 @@
 //!    one-key locks taken in order (released in reverse), in the same run. Then the latency of a
 //!    nested call that joins a held lock (reentrancy), and how many script calls the server ran for
 //!    all of them (target: none), on a server of its own.
+//! 6. Backends side by side, in the same run: uncontended pairs/s with 1 task and N tasks (U1,
+//!    U16), and the async hand-off p50/p99 of section 2, on Redis single, Redlock over three
+//!    masters, etcd with one member and etcd with three members (each started here).
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -113,7 +118,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock,multi,etcd] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -199,6 +204,11 @@ fn main() -> Res<()> {
     }
     if opts.runs("multi") {
         runtime.block_on(section_multi(&opts, &url, &mut out, &mut summary))?;
+        flush(&mut out);
+    }
+    #[cfg(feature = "etcd")]
+    if opts.runs("etcd") {
+        runtime.block_on(section_etcd(&opts, &url, &mut out, &mut summary))?;
         flush(&mut out);
     }
     drop(own_server);
@@ -682,6 +692,63 @@ async fn section_handoff(
     let stats = Stats::of(blocking);
     let _ = writeln!(out, "   {}", stats.row("blocking (threads)"));
     summary.push(format!("blocking hand-off p50 {}", ms(stats.p50)));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Backends side by side
+
+#[cfg(feature = "etcd")]
+async fn section_etcd(
+    opts: &Opts,
+    url: &str,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    use lock_tests::EtcdCluster;
+    let _ = writeln!(
+        out,
+        "\n6. Backends side by side: uncontended pairs/s (1 and {} tasks), hand-off with {} waiters",
+        opts.tasks, opts.waiters
+    );
+    let _ = writeln!(
+        out,
+        "   {:<28}  {:>10}  {:>10}  {:>10}  {:>10}",
+        "backend", "U1 pairs/s", "U16 pairs/s", "hand p50", "hand p99"
+    );
+    let masters = tokio::task::block_in_place(|| RedisMasters::start(3));
+    let (one, three) =
+        tokio::task::block_in_place(|| (EtcdCluster::start(1), EtcdCluster::start(3)));
+    let backends = [
+        ("redis single", LockConfig::single(url)),
+        ("redlock, 3 masters", LockConfig::redlock(masters.urls())),
+        ("etcd, 1 member", LockConfig::etcd(one.endpoints())),
+        ("etcd, 3 members", LockConfig::etcd(three.endpoints())),
+    ];
+    for (name, config) in backends {
+        let client = LockClient::new(opts.config(config))?;
+        let locker = Locker::Crate(client.clone());
+        let u1 = pairs_per_sec(&locker, 1, opts).await?;
+        let un = pairs_per_sec(&locker, opts.tasks, opts).await?;
+        let hand = Stats::of(handoff_async(&client, opts).await?);
+        let _ = writeln!(
+            out,
+            "   {name:<28}  {:>10.0}  {:>11.0}  {:>10}  {:>10}",
+            u1.per_sec,
+            un.per_sec,
+            ms(hand.p50),
+            ms(hand.p99)
+        );
+        flush(out);
+        summary.push(format!(
+            "{name}: U1 {:.0}/s, U{} {:.0}/s, hand-off p50 {} p99 {}",
+            u1.per_sec,
+            opts.tasks,
+            un.per_sec,
+            ms(hand.p50),
+            ms(hand.p99)
+        ));
+    }
     Ok(())
 }
 
