@@ -1,7 +1,7 @@
 //! etcd on three members: processes contending (history-checked, 1,000 grants), and the faults a
 //! consensus backend is for: the leader killed while a lock is held, a holder process killed, the
-//! client partitioned from the cluster, two of three members down. The behaviour suite on one
-//! member is `etcd_behaviour.rs`.
+//! client partitioned from the cluster, two of three members down; and authentication. The
+//! behaviour suite on one member is `etcd_behaviour.rs`.
 //!
 //! The non-destructive tests share one cluster per binary (distinct keys); a test that kills
 //! members starts a cluster of its own.
@@ -244,4 +244,47 @@ async fn two_of_three_down_is_unavailable_and_works_again_when_one_returns() {
     assert!(causes.iter().all(|c| c.kind != FailureKind::Auth));
     cluster.restart(2);
     take_within_10s(&locks, &key).await.release().await.unwrap();
+}
+
+/// With authentication on, the right password works; a wrong one is `Unavailable` with an `Auth`
+/// cause at once (not retried for the wait), never `Contended`, and no password shows in the
+/// error or the config's `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_users_authenticate_and_a_wrong_password_is_an_auth_failure() {
+    let cluster = EtcdCluster::start(1);
+    cluster.enable_auth("s3cret-pw");
+    let port = cluster.client_port(0);
+    let key = unique_key("etcd:auth");
+    let good = LockConfig::etcd([format!("http://root:s3cret-pw@127.0.0.1:{port}")]);
+    assert!(!format!("{good:?}").contains("s3cret-pw"));
+    let locks = LockClient::new(good).unwrap();
+    take_within_10s(&locks, &key).await.release().await.unwrap();
+
+    let bad = client(vec![format!("http://root:wrong-pw@127.0.0.1:{port}")]);
+    let started = Instant::now();
+    let err = bad
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    match &err {
+        LockError::Unavailable { causes, .. } => {
+            assert!(
+                causes.iter().all(|c| c.kind == FailureKind::Auth),
+                "{err:?}"
+            );
+        }
+        other => panic!("expected Unavailable(Auth), got {other:?}"),
+    }
+    assert!(
+        !shown.contains("wrong-pw") && !shown.contains("s3cret-pw"),
+        "{shown}"
+    );
 }

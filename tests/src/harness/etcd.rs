@@ -325,6 +325,32 @@ impl EtcdCluster {
         self.count(prefix, Some(&end))
     }
 
+    /// Turns authentication on with one user, `root` (etcd's administrator), and `password`.
+    /// The harness's own reads ([`count`](Self::count) and the like) need no password only
+    /// before this.
+    pub fn enable_auth(&self, password: &str) {
+        let port = self.client_port(0);
+        let steps = [
+            ("/v3/auth/role/add", "{\"name\":\"root\"}".to_owned()),
+            (
+                "/v3/auth/user/add",
+                format!("{{\"name\":\"root\",\"password\":\"{password}\"}}"),
+            ),
+            (
+                "/v3/auth/user/grant",
+                "{\"user\":\"root\",\"role\":\"root\"}".to_owned(),
+            ),
+            ("/v3/auth/enable", "{}".to_owned()),
+        ];
+        for (path, body) in steps {
+            let answer = http(port, "POST", path, &body);
+            assert!(
+                answer.as_ref().is_some_and(|a| a.contains("\"header\"")),
+                "{path}: {answer:?}"
+            );
+        }
+    }
+
     /// How many watchers member 0 serves (all clients, all keys).
     pub fn watchers(&self) -> u64 {
         self.metric(0, "etcd_debugging_mvcc_watcher_total", "") as u64
