@@ -17,6 +17,7 @@ pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
 pub use redis::{KeyKind, lock_name_of, redis_keys};
 pub(crate) use redlock::Quorum;
+pub use redlock::gate_of;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
