@@ -108,7 +108,8 @@ pub(crate) struct ExtendItem<'a> {
     pub(crate) ttl: Duration,
 }
 
-/// The secret that proves ownership of one acquisition: a random (v4) UUID. Never printed:
+/// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a
+/// CSPRNG the OS seeds (uuid's `fast-rng`: no system call per token). Never printed:
 /// `Debug` hides it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Token(Arc<str>);
