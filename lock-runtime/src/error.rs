@@ -90,10 +90,13 @@ impl LockError {
     }
 }
 
-/// What went wrong on one Redis node.
+/// What went wrong on one Redis node, or on an etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFailure {
-    /// The node's address (`host:port`), never with credentials.
+    /// The node's address (`host:port`), never with credentials. For etcd, the cluster's
+    /// endpoints (`etcd[host:port,...]`), with each endpoint's own cause (kind and message) in
+    /// `detail`, and as `kind` the most telling of them (authentication, permission, an error
+    /// reply, a timeout, a broken connection, no leader, refused: in that order).
     pub node: String,
     /// The kind of failure.
     pub kind: FailureKind,
