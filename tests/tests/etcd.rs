@@ -288,3 +288,37 @@ async fn etcd_users_authenticate_and_a_wrong_password_is_an_auth_failure() {
         "{shown}"
     );
 }
+
+/// 200 locks held by one client are renewed together (one keepalive each, then their keys read
+/// 128 to a transaction) through two ttls; a key deleted by someone else (a forced release)
+/// loses that lock only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_held_locks_renew_in_batches_and_a_deleted_key_loses_only_its_lock() {
+    let cluster = EtcdCluster::shared(3);
+    let locks = client(cluster.endpoints());
+    let other = client(cluster.endpoints());
+    let base = unique_key("etcd:many");
+    let ttl = Duration::from_secs(2);
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        let guard = locks.lock(format!("{base}:{i}")).ttl(ttl).acquire().await;
+        guards.push(guard.unwrap_or_else(|e| panic!("lock {i}: {e}")));
+    }
+    assert!(other.force_release(&format!("{base}:7")).await.unwrap());
+    bounded(ttl * 2, "the loss of the deleted one", guards[7].lost()).await;
+    // The behaviour under test is the passing of time: two ttls of renewals.
+    tokio::time::sleep(ttl * 2).await;
+    for (i, guard) in guards.into_iter().enumerate() {
+        assert_eq!(guard.is_lost(), i == 7, "lock {i}");
+        let released = guard.release().await;
+        if i == 7 {
+            assert!(
+                matches!(released, Err(LockError::Lost { .. })),
+                "{released:?}"
+            );
+        } else {
+            released.unwrap_or_else(|e| panic!("lock {i}: {e}"));
+        }
+    }
+    assert_eq!(cluster.count_prefix(&etcd_key(&base)), 0);
+}

@@ -372,15 +372,9 @@ impl Inner {
 
     /// What each key holds, from the `get`s of a transaction, in key order.
     fn seen(resp: &TxnResponse, token: &Token) -> Vec<Seen> {
-        resp.op_responses()
+        kvs(resp)
             .iter()
-            .filter_map(|op| match op {
-                TxnOpResponse::Get(get) => Some(match get.kvs().first() {
-                    None => Seen::Absent,
-                    Some(kv) => seen_kv(kv, token),
-                }),
-                _ => None,
-            })
+            .map(|kv| kv.as_ref().map_or(Seen::Absent, |kv| seen_kv(kv, token)))
             .collect()
     }
 
@@ -515,40 +509,83 @@ impl Inner {
         self.call("lease keepalive", &op).await
     }
 
-    async fn extend(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
-        let Some(grant) = self.grants().get(item.token).copied() else {
-            return ExtendOutcome::NotOwned { index: 0 };
+    /// Renews `items`: one keepalive per lease, all at once, then one read of every key whose
+    /// lease lives, in transactions of at most [`MAX_TXN_OPS`] reads (a key deleted by hand or
+    /// by a forced release is a loss even while its lease lives).
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Vec<ExtendOutcome> {
+        let grants: Vec<Option<Grant>> = {
+            let grants = self.grants();
+            items.iter().map(|i| grants.get(i.token).copied()).collect()
         };
-        let lease = grant.lease;
-        match self.keep_alive(lease).await {
-            Ok(true) => {}
-            Ok(false) => return ExtendOutcome::NotOwned { index: 0 },
-            Err(failure) => return ExtendOutcome::Failed(failure),
-        }
-        // The lease lives; the keys must too (deleted by hand, or by a forced release).
-        let keys: Vec<Vec<u8>> = item.names.iter().map(|n| self.key(n)).collect();
-        let resp = match self
-            .txn("renewal check", Txn::new().and_then(gets(&keys)))
-            .await
-        {
-            Ok(resp) => resp,
-            Err(failure) => return ExtendOutcome::Failed(failure),
-        };
-        let seen = Self::seen(&resp, item.token);
-        for (index, s) in seen.iter().enumerate() {
-            let ours = matches!(s, Seen::Ours { revision, lease: l }
-                if *l == lease && grant.revision.is_none_or(|r| r == *revision));
-            if !ours {
-                return ExtendOutcome::NotOwned { index };
+        let alive = join_all(grants.iter().map(|grant| async move {
+            match grant {
+                Some(grant) => self.keep_alive(grant.lease).await,
+                None => Ok(false),
+            }
+        }))
+        .await;
+        let mut outcomes: Vec<Option<ExtendOutcome>> = alive
+            .into_iter()
+            .map(|alive| match alive {
+                Ok(true) => None,
+                Ok(false) => Some(ExtendOutcome::NotOwned { index: 0 }),
+                Err(failure) => Some(ExtendOutcome::Failed(failure)),
+            })
+            .collect();
+        // (item, key index) of every key to read.
+        let pending: Vec<(usize, usize)> = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, outcome)| outcome.is_none())
+            .flat_map(|(i, _)| (0..items[i].names.len()).map(move |k| (i, k)))
+            .collect();
+        let reads = join_all(pending.chunks(MAX_TXN_OPS).map(|chunk| {
+            let keys: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|&(i, k)| self.key(&items[i].names[k]))
+                .collect();
+            self.txn("renewal check", Txn::new().and_then(gets(&keys)))
+        }))
+        .await;
+        for (chunk, read) in pending.chunks(MAX_TXN_OPS).zip(reads) {
+            let read = read.and_then(|resp| {
+                let found = kvs(&resp);
+                if found.len() == chunk.len() {
+                    Ok(found)
+                } else {
+                    Err(NodeFailure::response(
+                        &self.addr,
+                        "renewal check: etcd answered with fewer reads than asked",
+                    ))
+                }
+            });
+            let found = match read {
+                Ok(found) => found,
+                Err(failure) => {
+                    fail_all(&mut outcomes, chunk, &failure);
+                    continue;
+                }
+            };
+            for (&(i, k), kv) in chunk.iter().zip(found) {
+                let ours = grants[i].is_some_and(|grant| {
+                    kv.as_ref()
+                        .is_some_and(|kv| match seen_kv(kv, items[i].token) {
+                            Seen::Ours { revision, lease } => {
+                                lease == grant.lease && grant.revision.is_none_or(|r| r == revision)
+                            }
+                            _ => false,
+                        })
+                });
+                // "Not ours" is definite: it wins over a failed read of another chunk.
+                if !ours && !matches!(outcomes[i], Some(ExtendOutcome::NotOwned { .. })) {
+                    outcomes[i] = Some(ExtendOutcome::NotOwned { index: k });
+                }
             }
         }
-        if seen.len() != item.names.len() {
-            return ExtendOutcome::Failed(NodeFailure::response(
-                &self.addr,
-                "renewal check: etcd answered with fewer reads than asked",
-            ));
-        }
-        ExtendOutcome::Extended
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or(ExtendOutcome::Extended))
+            .collect()
     }
 
     async fn release(
@@ -707,6 +744,33 @@ impl Inner {
     }
 }
 
+/// etcd's default limit on the operations of one transaction (`--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
+
+/// What each `get` of a transaction found, in order.
+fn kvs(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Marks the items of `chunk` that are not settled yet as failed.
+fn fail_all(
+    outcomes: &mut [Option<ExtendOutcome>],
+    chunk: &[(usize, usize)],
+    failure: &NodeFailure,
+) {
+    for &(i, _) in chunk {
+        if outcomes[i].is_none() {
+            outcomes[i] = Some(ExtendOutcome::Failed(failure.clone()));
+        }
+    }
+}
+
 /// One read of each key, in order.
 fn gets(keys: &[Vec<u8>]) -> Vec<TxnOp> {
     keys.iter().map(|k| TxnOp::get(k.clone(), None)).collect()
@@ -823,7 +887,7 @@ impl Node for EtcdNode {
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
-        Box::pin(join_all(items.iter().map(|item| self.inner.extend(item))))
+        Box::pin(self.inner.extend_many(items))
     }
 
     fn release<'a>(
