@@ -1,7 +1,10 @@
 //! Processes and sockets the integration tests run against.
 
+pub(crate) mod cluster;
 pub(crate) mod levers;
 pub(crate) mod proxy;
+pub(crate) mod sentinel;
 pub(crate) mod server;
+pub(crate) mod store;
 pub(crate) mod util;
 pub(crate) mod worker;
