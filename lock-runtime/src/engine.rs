@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
-use crate::backend::{Backend, MemoryNode, Names, Node, Quorum, RedisNode, Token};
+use crate::backend::{
+    Backend, ClusterNode, MemoryNode, Names, Node, Quorum, RedisNode, SentinelNode, Token,
+};
 use crate::config::{LockConfig, Settings, ValidBackend};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
@@ -28,7 +30,7 @@ pub(crate) struct Engine {
     pub(crate) backend: Arc<Backend>,
     pub(crate) settings: Settings,
     fencing: bool,
-    /// `single`, `redlock` or `memory`: the `backend` label.
+    /// `single`, `redlock`, `cluster`, `sentinel` or `memory`: the `backend` label.
     kind: &'static str,
     pub(crate) runtime: Handle,
     renewer: Renewer,
@@ -74,6 +76,8 @@ impl Engine {
             ValidBackend::Redlock(addrs) if addrs.len() == 1 => "single",
             ValidBackend::Redlock(_) => "redlock",
             ValidBackend::InMemory => "memory",
+            ValidBackend::Cluster(_) => "cluster",
+            ValidBackend::Sentinel { .. } => "sentinel",
         };
         let backend = match &valid.backend {
             ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
@@ -87,6 +91,14 @@ impl Engine {
                     .collect::<Result<_, _>>()?,
             )),
             ValidBackend::InMemory => Backend::One(Arc::new(MemoryNode::new(Arc::clone(&wakers)))),
+            ValidBackend::Cluster(seeds) => Backend::One(Arc::new(ClusterNode::new(
+                seeds,
+                &settings,
+                Arc::clone(&wakers),
+            )?)),
+            ValidBackend::Sentinel { master, sentinels } => Backend::One(Arc::new(
+                SentinelNode::new(master, sentinels, &settings, Arc::clone(&wakers))?,
+            )),
         };
         let backend = Arc::new(backend);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());

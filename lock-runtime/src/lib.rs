@@ -291,7 +291,7 @@ pub mod __private;
 pub mod fault_table {}
 
 pub use client::LockClient;
-pub use config::{ENV_URL, LockConfig};
+pub use config::{ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use error::{FailureKind, LockError, NodeFailure};
 pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;

@@ -1,10 +1,12 @@
 //! Where locks live. A backend implements [`Node`] once per server and owns its key layout; the
 //! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several.
 
+mod cluster;
 mod memory;
 mod redis;
 mod redlock;
 mod scripts;
+mod sentinel;
 
 use std::fmt;
 use std::pin::Pin;
@@ -13,10 +15,12 @@ use std::time::Duration;
 
 use crate::error::NodeFailure;
 
+pub(crate) use cluster::ClusterNode;
 pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
 pub use redis::{KeyKind, lock_name_of, redis_keys};
 pub(crate) use redlock::Quorum;
+pub(crate) use sentinel::SentinelNode;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
