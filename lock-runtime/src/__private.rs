@@ -3,6 +3,8 @@
 pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 
+/// Which Redlock node a contended lock asks first, for tests.
+pub use crate::backend::gate_of;
 /// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
 pub use crate::backend::redis_keys;
 /// The inverse of [`redis_keys`], for tools such as `lockctl`.

@@ -20,6 +20,7 @@ pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
 pub use redis::{KeyKind, lock_name_of, redis_keys};
 pub(crate) use redlock::Quorum;
+pub use redlock::gate_of;
 pub(crate) use sentinel::SentinelNode;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -111,7 +112,8 @@ pub(crate) struct ExtendItem<'a> {
     pub(crate) ttl: Duration,
 }
 
-/// The secret that proves ownership of one acquisition: a random (v4) UUID. Never printed:
+/// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a
+/// CSPRNG the OS seeds (uuid's `fast-rng`: no system call per token). Never printed:
 /// `Debug` hides it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Token(Arc<str>);

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +28,8 @@ pub(crate) struct Quorum {
     quorum: usize,
     /// The latest acquire or release of each (lock, token) that still runs on some node.
     in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
+    /// Lock names this client recently found held, and when: their acquires take the gate.
+    contended: Mutex<HashMap<Arc<str>, Instant>>,
 }
 
 impl std::fmt::Debug for Quorum {
@@ -120,6 +122,68 @@ impl Drop for OpEntry {
     }
 }
 
+/// How long a lock found held counts as contended: its acquires go through the gate meanwhile.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+/// How many recently contended lock names a client remembers.
+const CONTENDED_MAX: usize = 4096;
+/// How long a gated acquire waits for the gate node before asking the others anyway.
+const GATE_PATIENCE: Duration = Duration::from_millis(10);
+
+/// The gate node of a lock (its index among `nodes` Redlock nodes, in configuration order): the
+/// same for every client (FNV-1a of the name), spread over the nodes.
+pub fn gate_of(name: &str, nodes: usize) -> usize {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    usize::try_from(hash % nodes as u64).unwrap_or(0)
+}
+
+/// One node's part of an acquire: ask it (after the same token's previous operation there), report
+/// the answer, then keep the grant if the verdict is "ours", else withdraw it.
+#[allow(clippy::too_many_arguments)]
+async fn acquire_on(
+    node: Arc<dyn Node>,
+    step: NodeStep,
+    names: Names,
+    token: Token,
+    ttl: Duration,
+    fencing: bool,
+    reply_tx: mpsc::UnboundedSender<Result<Attempt, NodeFailure>>,
+    mut verdict: watch::Receiver<Option<bool>>,
+) {
+    if let Some(failure) = step.node_failing() {
+        // The previous attempt failed on this node and is still waiting on it: count the node as
+        // failed (same cause) at once rather than queue behind it and hold up this decision.
+        // Nothing is sent; the step still ends after the previous one.
+        step.mark_failed(&failure);
+        let _ = reply_tx.send(Err(failure));
+        step.after_previous().await;
+        return;
+    }
+    step.after_previous().await;
+    let reply = node.acquire(&names, &token, ttl, fencing).await;
+    if let Err(failure) = &reply {
+        step.mark_failed(failure);
+    }
+    let held_by_another = matches!(reply, Ok(Attempt::Held { .. }));
+    let _ = reply_tx.send(reply);
+    let keep = matches!(
+        verdict.wait_for(Option::is_some).await.as_deref(),
+        Ok(Some(true))
+    );
+    if !keep && !held_by_another {
+        // Withdrawn, not released: these grants never were a lock, so no release is published.
+        // An announcement would wake every waiter, the withdrawing one included, into another
+        // attempt at once: a busy loop for as long as a real holder keeps a majority that
+        // lacks the gate (say the gate restarted empty). Contenders after a split retry after
+        // a short jittered pause instead (`Attempt::Held` with `pttl` zero).
+        if let Err(failure) = node.release(&names, &token, false).await {
+            step.mark_failed(&failure);
+        }
+    }
+    drop(step);
+}
+
 impl Quorum {
     pub(crate) fn new(nodes: Vec<Arc<dyn Node>>) -> Self {
         Quorum {
@@ -127,6 +191,7 @@ impl Quorum {
             nodes,
             tasks: TaskTracker::new(),
             in_flight: Arc::default(),
+            contended: Mutex::default(),
         }
     }
 
@@ -160,6 +225,14 @@ impl Quorum {
     /// settled, so a frozen minority never delays it, and never depends on which node answers
     /// first. On failure every node that granted the lock, or may have (no answer), withdraws it
     /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
+    ///
+    /// A lock this client found held in the last [`CONTENDED_FOR`] goes through a gate: its gate
+    /// node (the same for every client, chosen by the lock's name) is asked first, and the others
+    /// only once it granted, so contenders queue at one node instead of splitting the vote across
+    /// all of them (a split vote wins nobody the lock and costs every contender a retry). The gate
+    /// costs one round trip more, so an uncontended lock skips it; a gate that does not answer
+    /// within [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked
+    /// then, and its answer counts when it comes.
     pub(crate) async fn acquire(
         &self,
         names: &Names,
@@ -171,52 +244,56 @@ impl Quorum {
         // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
         // before deciding): withdraw them.
         let (verdict_tx, verdict) = watch::channel(None::<bool>);
-        for (node, step) in self.nodes.iter().zip(self.begin(token)) {
-            let (node, names, token) = (Arc::clone(node), Arc::clone(names), token.clone());
-            let (reply_tx, mut verdict) = (reply_tx.clone(), verdict.clone());
-            self.tasks.spawn(async move {
-                if let Some(failure) = step.node_failing() {
-                    // The previous attempt failed on this node and is still waiting on it: count
-                    // the node as failed (same cause) at once rather than queue behind it and hold
-                    // up this decision. Nothing is sent; the step still ends after the previous one.
-                    step.mark_failed(&failure);
-                    let _ = reply_tx.send(Err(failure));
-                    step.after_previous().await;
-                    return;
+        let n = self.nodes.len();
+        let mut steps: Vec<Option<NodeStep>> = self.begin(token).into_iter().map(Some).collect();
+        let gate = gate_of(&names[0], n);
+        let spawn = |step: NodeStep| {
+            let node = Arc::clone(&self.nodes[step.index]);
+            let (names, token) = (Arc::clone(names), token.clone());
+            let (reply_tx, verdict) = (reply_tx.clone(), verdict.clone());
+            self.tasks.spawn(acquire_on(
+                node, step, names, token, ttl, fencing, reply_tx, verdict,
+            ));
+        };
+        let mut first = None;
+        if n > 1 && self.contended_recently(&names[0]) {
+            if let Some(step) = steps[gate].take() {
+                spawn(step);
+            }
+            match tokio::time::timeout(GATE_PATIENCE, replies.recv()).await {
+                Ok(Some(Ok(Attempt::Held { index, pttl }))) => {
+                    // The gate's holder (or a contender that got there first) goes on; nothing
+                    // was sent to the other nodes. Their steps end unused.
+                    drop(steps);
+                    verdict_tx.send_replace(Some(false));
+                    self.mark_contended(&names[0]);
+                    return Ok(Attempt::Held { index, pttl });
                 }
-                step.after_previous().await;
-                let reply = node.acquire(&names, &token, ttl, fencing).await;
-                if let Err(failure) = &reply {
-                    step.mark_failed(failure);
-                }
-                let held_by_another = matches!(reply, Ok(Attempt::Held { .. }));
-                let _ = reply_tx.send(reply);
-                let keep = matches!(
-                    verdict.wait_for(Option::is_some).await.as_deref(),
-                    Ok(Some(true))
-                );
-                if !keep && !held_by_another {
-                    // Withdrawn, not released: these grants never were a lock, so no release is
-                    // published. Otherwise every split vote would wake every waiter at once, they
-                    // would all retry together and split the vote again (close to a livelock);
-                    // instead they retry after their jittered backoff.
-                    if let Err(failure) = node.release(&names, &token, false).await {
-                        step.mark_failed(&failure);
-                    }
-                }
-                drop(step);
-            });
+                Ok(reply) => first = reply,
+                // Not answering in time: ask the others now; its answer counts when it comes.
+                Err(_) => {}
+            }
+        }
+        for step in steps.into_iter().flatten() {
+            spawn(step);
         }
         drop(reply_tx);
         // How many nodes may fail or refuse while a quorum is still possible.
-        let spare = self.nodes.len() - self.quorum;
-        let mut pending = self.nodes.len();
+        let spare = n - self.quorum;
+        let mut pending = n;
         let mut won = 0;
         // Per key, the largest token of the granting nodes.
         let mut fences = vec![0u64; if fencing { names.len() } else { 0 }];
         let mut held: Option<(usize, Option<Duration>)> = None;
         let mut failures = Vec::new();
-        while let Some(reply) = replies.recv().await {
+        loop {
+            let reply = match first.take() {
+                Some(reply) => reply,
+                None => match replies.recv().await {
+                    Some(reply) => reply,
+                    None => break,
+                },
+            };
             pending -= 1;
             match reply {
                 Ok(Attempt::Acquired { fences: granted }) => {
@@ -259,6 +336,7 @@ impl Quorum {
         } else if failures.len() > spare {
             Err(failures)
         } else if won > 0 {
+            self.mark_contended(&names[0]);
             // A split vote: this attempt won some nodes, so no holder has them all; the other
             // contenders are withdrawing their grants as this one does. Nobody will publish a
             // release, so say "free any moment" and let the strategy retry after a short jittered
@@ -269,9 +347,37 @@ impl Quorum {
                 pttl: Some(Duration::ZERO),
             })
         } else {
+            self.mark_contended(&names[0]);
             let (index, pttl) = held.unwrap_or((0, None));
             Ok(Attempt::Held { index, pttl })
         }
+    }
+
+    /// Whether this client found `name` held within the last [`CONTENDED_FOR`].
+    fn contended_recently(&self, name: &str) -> bool {
+        let contended = self
+            .contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        contended
+            .get(name)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    fn mark_contended(&self, name: &Arc<str>) {
+        let mut contended = self
+            .contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if contended.len() >= CONTENDED_MAX && !contended.contains_key(&**name) {
+            // Bounded: forget what is old; if everything is recent, start over (the cost of
+            // forgetting is one split vote more, not a wrong answer).
+            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+            if contended.len() >= CONTENDED_MAX {
+                contended.clear();
+            }
+        }
+        contended.insert(Arc::clone(name), Instant::now());
     }
 
     /// Writes the granted token back to the nodes' fence counters and returns once a majority has

@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
+//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held] [--impls crate,hosted,multiplexed,foreign]
+//!     [--no-fencing]
 //! ```
 //!
 //! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
@@ -34,6 +35,10 @@
 //!    one-key locks taken in order (released in reverse), in the same run. Then the latency of a
 //!    nested call that joins a held lock (reentrancy), and how many script calls the server ran for
 //!    all of them (target: none), on a server of its own.
+//! 6. Only with `--only held` (it takes about half a minute): `--held` locks (100,000) taken by one
+//!    client with ttl 30 s, held for two renewal rounds, released: how long taking and releasing
+//!    them took, client memory per held lock (RSS), and the CPU renewal costs the client and
+//!    redis-server while they are held, as a share of one core. Nothing may be lost.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -76,6 +81,8 @@ struct Opts {
     handoffs: usize,
     waiters: usize,
     samples: usize,
+    /// Locks held at once in section 6.
+    held: usize,
     only: Vec<String>,
     /// Columns of section 1 to run (all when empty): crate, multiplexed, foreign.
     impls: Vec<String>,
@@ -92,6 +99,7 @@ impl Opts {
             handoffs: 500,
             waiters: 8,
             samples: 1000,
+            held: 100_000,
             only: Vec::new(),
             impls: Vec::new(),
             fencing: true,
@@ -107,27 +115,40 @@ impl Opts {
                 "--handoffs" => opts.handoffs = value()?.parse()?,
                 "--waiters" => opts.waiters = value()?.parse()?,
                 "--samples" => opts.samples = value()?.parse()?,
+                "--held" => opts.held = value()?.parse()?,
                 "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
                 "--impls" => opts.impls = value()?.split(',').map(str::to_owned).collect(),
                 "--no-fencing" => opts.fencing = false,
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--only pairs,handoff,memory,redlock,multi] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
                 other => return Err(format!("unknown argument {other:?} (try --help)").into()),
             }
         }
-        if opts.waiters == 0 || opts.tasks == 0 || opts.handoffs == 0 || opts.samples == 0 {
-            return Err("--tasks, --handoffs, --waiters and --samples must be at least 1".into());
+        if opts.waiters == 0
+            || opts.tasks == 0
+            || opts.handoffs == 0
+            || opts.samples == 0
+            || opts.held == 0
+        {
+            return Err(
+                "--tasks, --handoffs, --waiters, --samples and --held must be at least 1".into(),
+            );
         }
         Ok(opts)
     }
 
     fn runs(&self, section: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|s| s == section)
+        self.only.is_empty() || self.named(section)
+    }
+
+    /// Only for sections too long for the default run.
+    fn named(&self, section: &str) -> bool {
+        self.only.iter().any(|s| s == section)
     }
 
     fn runs_impl(&self, name: &str) -> bool {
@@ -179,6 +200,7 @@ fn main() -> Res<()> {
     flush(&mut out);
 
     if opts.runs("pairs") {
+        let _ = SERVER.set(url.clone());
         // Stands in for the library's runtime: drives (b2)'s connection.
         let foreign = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -199,6 +221,10 @@ fn main() -> Res<()> {
     }
     if opts.runs("multi") {
         runtime.block_on(section_multi(&opts, &url, &mut out, &mut summary))?;
+        flush(&mut out);
+    }
+    if opts.named("held") {
+        runtime.block_on(section_held(&opts, &url, &mut out))?;
         flush(&mut out);
     }
     drop(own_server);
@@ -314,9 +340,19 @@ async fn pairs_per_sec(locker: &Locker, tasks: usize, opts: &Opts) -> Res<Rate> 
         }));
     }
     tokio::time::sleep(opts.warmup).await;
-    let (c0, t0, u0) = (count.load(Ordering::Relaxed), Instant::now(), Usage::now());
+    let (c0, t0, u0, s0) = (
+        count.load(Ordering::Relaxed),
+        Instant::now(),
+        Usage::now(),
+        server_cpu(),
+    );
     tokio::time::sleep(opts.secs).await;
-    let (c1, t1, u1) = (count.load(Ordering::Relaxed), Instant::now(), Usage::now());
+    let (c1, t1, u1, s1) = (
+        count.load(Ordering::Relaxed),
+        Instant::now(),
+        Usage::now(),
+        server_cpu(),
+    );
     stop.store(true, Ordering::Relaxed);
     for handle in handles {
         handle.await??;
@@ -326,15 +362,18 @@ async fn pairs_per_sec(locker: &Locker, tasks: usize, opts: &Opts) -> Res<Rate> 
         per_sec: pairs / (t1 - t0).as_secs_f64(),
         cpu_us: (u1.cpu - u0.cpu) * 1e6 / pairs,
         switches: (u1.switches - u0.switches) as f64 / pairs,
+        server_us: (s1 - s0) * 1e6 / pairs,
     })
 }
 
-/// Pairs per second, and what one pair cost this process (all threads; not redis-server).
+/// Pairs per second, and what one pair cost this process (all threads) and the redis-server.
 #[derive(Debug, Clone, Copy)]
 struct Rate {
     per_sec: f64,
     cpu_us: f64,
     switches: f64,
+    /// CPU time of the redis-server (`INFO cpu`, all its threads) per pair; NaN without a server.
+    server_us: f64,
 }
 
 impl Rate {
@@ -342,11 +381,48 @@ impl Rate {
         per_sec: f64::NAN,
         cpu_us: f64::NAN,
         switches: f64::NAN,
+        server_us: f64::NAN,
     };
 
     fn cost(&self) -> String {
-        format!("{:.0}us {:.1}cs", self.cpu_us, self.switches)
+        if self.server_us.is_nan() {
+            format!("{:.0}us {:.1}cs", self.cpu_us, self.switches)
+        } else {
+            format!(
+                "{:.0}us {:.1}cs srv {:.1}us",
+                self.cpu_us, self.switches, self.server_us
+            )
+        }
     }
+}
+
+/// The redis-server whose CPU time section 1 charges to each pair (its URL), once known.
+static SERVER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// CPU seconds (user + system, all threads) the redis-server at [`SERVER`] has used, from
+/// `INFO cpu`; NaN when there is none or it does not answer.
+fn server_cpu() -> f64 {
+    let Some(url) = SERVER.get() else {
+        return f64::NAN;
+    };
+    let info = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("INFO").arg("cpu").query::<String>(&mut c));
+    let Ok(info) = info else {
+        return f64::NAN;
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(f64::NAN)
+    };
+    field("used_cpu_sys") + field("used_cpu_user")
 }
 
 /// CPU time (user + system, seconds) and context switches of this process so far, from `/proc`
@@ -462,7 +538,7 @@ async fn section_pairs(
     }
     let _ = writeln!(
         out,
-        "   cost per pair in the bench process (CPU time of all its threads, context switches):"
+        "   cost per pair in the bench process (CPU time of all its threads, context switches; srv: redis-server CPU):"
     );
     for line in costs {
         let _ = writeln!(out, "{line}");
@@ -698,6 +774,98 @@ async fn section_memory(opts: &Opts, out: &mut String) -> Res<()> {
         rate.cost()
     );
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Many locks held at once
+
+/// How long section 6 holds its locks: two renewal rounds at ttl/3.
+const HELD_TTL: Duration = Duration::from_secs(30);
+const HELD_FOR: Duration = Duration::from_secs(21);
+/// Tasks taking (and releasing) section 6's locks.
+const HELD_TASKS: usize = 64;
+
+/// `--held` locks (ttl 30 s) taken by one client, held for 21 s (two renewal rounds), released.
+async fn section_held(opts: &Opts, url: &str, out: &mut String) -> Res<()> {
+    let _ = SERVER.set(url.to_owned());
+    let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+    let warm = client.lock(unique_key("bench:held-warm")).acquire().await?;
+    warm.release().await?;
+    let base = unique_key("bench:held");
+    let rss0 = rss_bytes();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(HELD_TASKS);
+    for t in 0..HELD_TASKS {
+        let (client, base, n) = (client.clone(), base.clone(), opts.held);
+        tasks.push(tokio::spawn(async move {
+            let mut guards = Vec::with_capacity(n / HELD_TASKS + 1);
+            for i in (t..n).step_by(HELD_TASKS) {
+                guards.push(
+                    client
+                        .lock(format!("{base}:{i}"))
+                        .ttl(HELD_TTL)
+                        .acquire()
+                        .await?,
+                );
+            }
+            Ok::<_, BoxError>(guards)
+        }));
+    }
+    let mut guards = Vec::with_capacity(opts.held);
+    for task in tasks {
+        guards.extend(task.await??);
+    }
+    let took = started.elapsed();
+    let rss1 = rss_bytes();
+    let (u0, s0) = (Usage::now(), server_cpu());
+    tokio::time::sleep(HELD_FOR).await;
+    let (u1, s1) = (Usage::now(), server_cpu());
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(HELD_TASKS);
+    let per_task = guards.len().div_ceil(HELD_TASKS);
+    while !guards.is_empty() {
+        let chunk: Vec<_> = guards.drain(..per_task.min(guards.len())).collect();
+        tasks.push(tokio::spawn(async move {
+            for guard in chunk {
+                guard.release().await?;
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let released = started.elapsed();
+    let held = opts.held as f64;
+    let share = |cpu: f64| cpu / HELD_FOR.as_secs_f64() * 100.0;
+    let _ = writeln!(
+        out,
+        "\n6. {} locks held by one client (ttl {:?}, {HELD_TASKS} tasks), held {:?}:\n   \
+         acquired in {:.2}s ({:.0}/s); client memory {:.0} bytes per held lock; while held: \
+         client CPU {:.1}% of one core, redis-server {:.1}%; lost: {lost}; released in {:.2}s ({:.0}/s)",
+        opts.held,
+        HELD_TTL,
+        HELD_FOR,
+        took.as_secs_f64(),
+        held / took.as_secs_f64(),
+        rss1.saturating_sub(rss0) as f64 / held,
+        share(u1.cpu - u0.cpu),
+        share(s1 - s0),
+        released.as_secs_f64(),
+        held / released.as_secs_f64(),
+    );
+    Ok(())
+}
+
+/// Resident set size of this process (`VmRSS`), 0 where unavailable.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 // ---------------------------------------------------------------------------------------------
