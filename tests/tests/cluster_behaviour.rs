@@ -151,3 +151,22 @@ async fn release_notifications_use_the_shard_channel() {
     );
     guard.release().await.unwrap();
 }
+
+/// `min_replicas(1)`: when `acquire` returns, the lock key is already on the master's replica
+/// (`WAIT` counted it); renewals are checked the same way and keep a short lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
+    let _turn =
+        behaviour::turn("min_replicas_grants_are_on_the_replica_when_acquire_returns").await;
+    let cluster = RedisCluster::shared();
+    let client = LockClient::new(config().min_replicas(1)).unwrap();
+    let key = unique_key("cl:replicated");
+    let lock = lock_keys(&key).lock;
+    let ttl = Duration::from_millis(600);
+    let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let replica = cluster.replica_of(cluster.master_of(&lock));
+    assert_eq!(replica.keys(&lock), [lock.as_str()]);
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!guard.is_lost(), "renewed with replica acknowledgements");
+    guard.release().await.unwrap();
+}

@@ -272,7 +272,12 @@ impl Calls {
         let mut reply = self
             .bounded(what, pipe.query_async::<(T, u32)>(&mut conn))
             .await;
-        if reply.as_ref().is_err_and(|f| f.detail.contains("NOSCRIPT")) {
+        // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
+        let lost_script = |f: &NodeFailure| {
+            f.kind == crate::error::FailureKind::Response
+                && (f.detail.contains("NOSCRIPT") || f.detail.contains("NoScript"))
+        };
+        if reply.as_ref().is_err_and(lost_script) {
             self.bounded("script load", script.load_async(&mut conn))
                 .await?;
             reply = self.bounded(what, pipe.query_async(&mut conn)).await;

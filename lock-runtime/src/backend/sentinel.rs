@@ -2,14 +2,16 @@
 //! when they name another one.
 //!
 //! The master is looked up again (all sentinels at once, the address most of them name wins)
-//! whenever a call to it fails in a way a failover explains: no connection, a broken one, no
-//! answer in time, or `READONLY` (the node was demoted). A failover is therefore followed within
-//! the sentinels' own failover time plus one request: the first call after the promotion finds
-//! the new master. Waiters subscribed on the old master are woken to retry at once.
+//! before the first call after a failure a failover explains (no connection, a broken one, no
+//! answer in time, or `READONLY`: the node was demoted), and at least every [`RECHECK`] while
+//! calls are made (a demoted master can keep answering for a while before the sentinels
+//! reconfigure it). A failover is therefore followed within the sentinels' own failover time
+//! plus [`RECHECK`] plus one lookup and one request. Waiters subscribed on the old master are
+//! woken to retry at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
@@ -35,11 +37,16 @@ pub(crate) struct SentinelNode {
     lookup: tokio::sync::Mutex<()>,
 }
 
+/// How long a master the sentinels named is used without asking them again.
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
 #[derive(Default)]
 struct Current {
     node: Option<Arc<RedisNode>>,
     /// A call failed as a failover would make it fail: look the master up before the next call.
     suspect: bool,
+    /// When the sentinels were last asked.
+    checked: Option<Instant>,
 }
 
 impl std::fmt::Debug for SentinelNode {
@@ -88,11 +95,32 @@ impl SentinelNode {
 
     /// The master to talk to: the known one, or the one the sentinels name now.
     async fn master(&self) -> Result<Arc<RedisNode>, NodeFailure> {
-        {
+        let known = {
             let current = self.current();
-            if let (Some(node), false) = (&current.node, current.suspect) {
-                return Ok(Arc::clone(node));
+            match (&current.node, current.suspect) {
+                (Some(node), false) => Some((
+                    Arc::clone(node),
+                    current.checked.is_none_or(|at| at.elapsed() >= RECHECK),
+                )),
+                _ => None,
             }
+        };
+        if let Some((node, stale)) = known {
+            if !stale {
+                return Ok(node);
+            }
+            // Due for a recheck: one caller asks, the others go on with the known master; a
+            // lookup that fails keeps it.
+            let Ok(_one_at_a_time) = self.lookup.try_lock() else {
+                return Ok(node);
+            };
+            return match self.ask_sentinels().await {
+                Ok(addr) => self.adopt(addr),
+                Err(_) => {
+                    self.current().checked = Some(Instant::now());
+                    Ok(node)
+                }
+            };
         }
         let _one_at_a_time = self.lookup.lock().await;
         {
@@ -102,9 +130,15 @@ impl SentinelNode {
                 return Ok(Arc::clone(node));
             }
         }
-        let (host, port) = self.ask_sentinels().await?;
+        let addr = self.ask_sentinels().await?;
+        self.adopt(addr)
+    }
+
+    /// Makes the master at `(host, port)` the current one (a new connection if it moved).
+    fn adopt(&self, (host, port): (String, u16)) -> Result<Arc<RedisNode>, NodeFailure> {
         let name = format!("{host}:{port}");
         let mut current = self.current();
+        current.checked = Some(Instant::now());
         if let Some(node) = current.node.clone().filter(|n| n.addr() == name) {
             current.suspect = false;
             return Ok(node);
