@@ -340,13 +340,7 @@ mod tests {
 
     #[test]
     fn soon_pauses_start_short_double_and_stop_at_the_retry_delay() {
-        let settings = crate::LockConfig::in_memory()
-            .retry_delay(Duration::from_millis(100))
-            .validate()
-            .map(|c| c.settings);
-        let Ok(settings) = settings else {
-            panic!("valid config")
-        };
+        let settings = Settings::with_retry_delay(Duration::from_millis(100));
         let mut soon = Soon::new(&settings);
         let windows = [2, 4, 8, 16, 32, 64, 100, 100];
         for (i, window) in windows.into_iter().enumerate() {

@@ -663,6 +663,15 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// The defaults with another `retry_delay`, for unit tests of waiting.
+    #[cfg(test)]
+    pub(crate) fn with_retry_delay(retry_delay: Duration) -> Self {
+        match LockConfig::in_memory().retry_delay(retry_delay).validate() {
+            Ok(valid) => valid.settings,
+            Err(err) => panic!("valid config: {err}"),
+        }
+    }
+
     /// The safety margin subtracted from a TTL for clock drift (Redlock's `ttl * factor + 2ms`).
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
         ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)

@@ -125,13 +125,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_with_jitter_inside_bounds() {
-        let settings = crate::LockConfig::in_memory()
-            .retry_delay(Duration::from_millis(100))
-            .validate()
-            .map(|c| c.settings);
-        let Ok(settings) = settings else {
-            panic!("valid config")
-        };
+        let settings = Settings::with_retry_delay(Duration::from_millis(100));
         let mut backoff = Backoff::new(&settings);
         let delays: Vec<Duration> = (0..6).map(|_| backoff.next_delay()).collect();
         for (i, d) in delays.iter().enumerate() {

@@ -34,6 +34,28 @@ fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(config(urls)).expect("valid redlock config")
 }
 
+/// Long timeouts (1 s): an answer that waited for a frozen node would show.
+fn patient_client(urls: impl IntoIterator<Item = String>) -> LockClient {
+    LockClient::new(
+        LockConfig::redlock(urls)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .expect("valid redlock config")
+}
+
+/// `holder` takes `key` for 30 s; returns once every node has it.
+async fn hold_on_all(holder: &LockClient, masters: &RedisMasters, key: &str) -> LockGuard {
+    let guard = holder
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), key).await;
+    guard
+}
+
 /// The Redis keys of lock `key` (lock, and fence counter if any) on `node`.
 fn keys_on(node: &RedisServer, key: &str) -> Vec<String> {
     let keys = lock_keys(key);
@@ -541,20 +563,9 @@ async fn held_key_is_contended_never_unavailable() {
     let mut masters = RedisMasters::start(NODES);
     let holder = client(masters.urls());
     // Long timeouts: a contended answer that waited for the frozen nodes would show.
-    let other = LockClient::new(
-        LockConfig::redlock(masters.urls())
-            .connect_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(1)),
-    )
-    .unwrap();
+    let other = patient_client(masters.urls());
     let key = unique_key("redlock:contended");
-    let guard = holder
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    let guard = hold_on_all(&holder, &masters, &key).await;
 
     // (Healthy nodes answer Contended: the behaviour suite, redlock_behaviour.rs.)
     let contended = |result: Result<LockGuard, LockError>, what: &str| match result {
@@ -817,20 +828,9 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
 async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
     let masters = RedisMasters::start(NODES);
     let holder = client(masters.urls());
-    let waiter = LockClient::new(
-        LockConfig::redlock(masters.urls())
-            .connect_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(1)),
-    )
-    .unwrap();
+    let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:gate");
-    let guard = holder
-        .lock(&key)
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    let guard = hold_on_all(&holder, &masters, &key).await;
     match waiter.lock(&key).acquire().await {
         Err(LockError::Contended { .. }) => {}
         other => panic!("expected Contended while held, got {other:?}"),
