@@ -119,10 +119,14 @@ impl LockConfig {
 
     /// A master with replicas behind Redis Sentinel: the client asks the sentinels (all of
     /// `sentinel_urls` at once; the address most of them name wins) for the master named
-    /// `master_name`, and asks again whenever the master stops answering, refuses a write
-    /// (`READONLY`: demoted), or a connection breaks. After a failover, lock calls reach the new
-    /// master within: the sentinels' own failover time (`down-after-milliseconds` plus the
-    /// election) + `connect_timeout` + `response_timeout`.
+    /// `master_name`, asks again before the next call whenever the master stops answering,
+    /// refuses a write (`READONLY`: demoted) or a connection breaks, and at least once a second
+    /// while calls are made (a demoted master may keep answering until the sentinels
+    /// reconfigure it). After a failover, lock calls reach the new master within: the
+    /// sentinels' own failover time (`down-after-milliseconds` plus the election) + 1s +
+    /// `connect_timeout` + `response_timeout`, plus the acquire's retry backoff (at most 12 ×
+    /// `retry_delay`) for a call already waiting. Waiters subscribed on the old master are
+    /// woken to retry when the client moves.
     ///
     /// Each URL is a sentinel's address: `redis://host:port` (`rediss://` for TLS). Its user,
     /// password and database apply to the *master* (as for [`single`](Self::single)); sentinels

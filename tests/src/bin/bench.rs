@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held] [--impls crate,hosted,multiplexed,foreign]
+//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology] [--impls crate,hosted,multiplexed,foreign]
 //!     [--no-fencing]
 //! ```
 //!
@@ -39,6 +39,10 @@
 //!    client with ttl 30 s, held for two renewal rounds, released: how long taking and releasing
 //!    them took, client memory per held lock (RSS), and the CPU renewal costs the client and
 //!    redis-server while they are held, as a share of one core. Nothing may be lost.
+//! 7. Only with `--only topology`: the same client on one node, on a Redis Cluster (3 masters + 3
+//!    replicas, started here), on a Sentinel set (master, replica, 3 sentinels, started here), and
+//!    on both with `min_replicas(1)`, in one run: uncontended pairs/s with 1 task and `--tasks`
+//!    tasks, and the async hand-off of section 2.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -122,7 +126,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -225,6 +229,10 @@ fn main() -> Res<()> {
     }
     if opts.named("held") {
         runtime.block_on(section_held(&opts, &url, &mut out))?;
+        flush(&mut out);
+    }
+    if opts.named("topology") {
+        runtime.block_on(section_topology(&opts, &url, &mut out, &mut summary))?;
         flush(&mut out);
     }
     drop(own_server);
@@ -758,6 +766,76 @@ async fn section_handoff(
     let stats = Stats::of(blocking);
     let _ = writeln!(out, "   {}", stats.row("blocking (threads)"));
     summary.push(format!("blocking hand-off p50 {}", ms(stats.p50)));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Topologies
+
+async fn section_topology(
+    opts: &Opts,
+    url: &str,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let (cluster, sentinels) = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let sentinels = scope.spawn(lock_tests::SentinelSet::start);
+            let cluster = lock_tests::RedisCluster::start();
+            (cluster, sentinels.join())
+        })
+    });
+    let sentinels = sentinels.map_err(|_| "the sentinel set did not start")?;
+    let sentinel = || {
+        LockConfig::sentinel(
+            lock_tests::SentinelSet::MASTER_NAME,
+            sentinels.sentinel_urls(),
+        )
+    };
+    let setups = [
+        ("single node", LockConfig::single(url)),
+        ("cluster", LockConfig::cluster(cluster.urls())),
+        (
+            "cluster min_replicas(1)",
+            LockConfig::cluster(cluster.urls()).min_replicas(1),
+        ),
+        ("sentinel", sentinel()),
+        ("sentinel min_replicas(1)", sentinel().min_replicas(1)),
+    ];
+    let _ = writeln!(
+        out,
+        "\n7. Topologies, same run: uncontended pairs/s (1 task, {} tasks on distinct keys) and \
+         async hand-off ({} waiters)",
+        opts.tasks, opts.waiters
+    );
+    let _ = writeln!(
+        out,
+        "   {:<26} {:>10} {:>10} {:>10} {:>10}",
+        "setup", "U1/s", "U16/s", "hand p50", "hand p99"
+    );
+    for (name, config) in setups {
+        let client = LockClient::new(opts.config(config))?;
+        let locker = Locker::Crate(client.clone());
+        let one = pairs_per_sec(&locker, 1, opts).await?;
+        let many = pairs_per_sec(&locker, opts.tasks, opts).await?;
+        let hand = Stats::of(handoff_async(&client, opts).await?);
+        let _ = writeln!(
+            out,
+            "   {name:<26} {:>10.0} {:>10.0} {:>10} {:>10}",
+            one.per_sec,
+            many.per_sec,
+            ms(hand.p50),
+            ms(hand.p99)
+        );
+        summary.push(format!(
+            "{name}: U1 {:.0}/s U{} {:.0}/s hand-off p50 {}",
+            one.per_sec,
+            opts.tasks,
+            many.per_sec,
+            ms(hand.p50)
+        ));
+        flush(out);
+    }
     Ok(())
 }
 
