@@ -115,19 +115,20 @@ pub(crate) struct ExtendItem<'a> {
 /// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a
 /// CSPRNG the OS seeds (uuid's `fast-rng`: no system call per token). Never printed:
 /// `Debug` hides it.
+/// Kept inline as its 32 hex digits (what Redis stores): no allocation per token.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Token(Arc<str>);
+pub(crate) struct Token([u8; 32]);
 
 impl Token {
     pub(crate) fn new() -> Self {
-        let mut buf = uuid::Uuid::encode_buffer();
-        Token(Arc::from(
-            &*uuid::Uuid::new_v4().simple().encode_lower(&mut buf),
-        ))
+        let mut hex = [0u8; 32];
+        uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
+        Token(hex)
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        &self.0
+        // Always ASCII hex digits.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
@@ -276,6 +277,7 @@ mod tests {
     fn tokens_are_random_and_hidden() {
         let (a, b) = (Token::new(), Token::new());
         assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
         assert!(!format!("{a:?}").contains(a.as_str()));
     }
