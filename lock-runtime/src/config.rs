@@ -101,7 +101,8 @@ impl LockConfig {
     /// A multi-key lock whose keys share a hash tag (`{user:42}:a`, `{user:42}:b`) is taken in one
     /// script call on that slot's master; otherwise its keys are taken slot by slot in canonical
     /// order, and a refusal gives back what was already taken. Releases wake waiters through
-    /// sharded pub/sub (`SPUBLISH`, Redis 7), so only the shard's subscribers hear them.
+    /// sharded pub/sub (`SPUBLISH`, Redis 7), so only the shard's subscribers hear them, and
+    /// renewal sends one pipeline per master.
     ///
     /// The promise is the single-node one, per master: a lock is safe while its master keeps the
     /// key. Replication is asynchronous: a failover can promote a replica that never saw a grant

@@ -6,19 +6,25 @@
 //! lock whose names share a hash tag is one script call; otherwise its keys are grouped by slot
 //! and taken group by group in canonical order, and a refusal or failure gives back the groups
 //! already taken.
+//!
+//! Renewal sends one pipeline per master: the node keeps its own copy of the slot map
+//! (`CLUSTER SLOTS`, refreshed every [`SLOT_MAP_AGE`] and after a redirection) to group the locks
+//! by master; a lock whose slot moved meanwhile fails that round (`MOVED`) and is renewed by the
+//! next one, well within its validity.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
-use redis::{RedisError, RedisResult};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
-use super::redis::{Calls, OpenPubSub, PubSub, Subscriptions};
+use super::redis::{Calls, OpenPubSub, PubSub, Subscriptions, hash_tag};
 use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
 use crate::config::{NodeAddr, Settings};
 use crate::error::{FailureKind, LockError, NodeFailure};
@@ -32,6 +38,31 @@ pub(crate) struct ClusterNode {
     /// Bound on connecting to the cluster.
     connect_bound: Duration,
     subs: Arc<Subscriptions>,
+    /// Which master serves which slots, for renewal batches; `None` until read, or once stale.
+    slot_map: Mutex<Option<(Instant, Arc<SlotMap>)>>,
+}
+
+/// How long a copy of the slot map is used before it is read again.
+const SLOT_MAP_AGE: Duration = Duration::from_secs(5);
+
+/// Slot ranges and their masters: `(first, last, host, port)`, sorted.
+type SlotMap = Vec<(u16, u16, String, u16)>;
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (or of the whole key), modulo
+/// 16384.
+pub(crate) fn key_slot(key: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in hash_tag(key).unwrap_or(key).as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc & 0x3FFF
 }
 
 impl Drop for ClusterNode {
@@ -103,7 +134,38 @@ impl ClusterNode {
             conn: OnceCell::new(),
             connect_bound: connect_timeout.saturating_add(response_timeout),
             subs: Subscriptions::new(open, wakers, settings),
+            slot_map: Mutex::new(None),
         })
+    }
+
+    /// The slot map, read again when missing or older than [`SLOT_MAP_AGE`]; `None` when it
+    /// cannot be read (renewal then sends one pipeline per slot).
+    async fn slot_map(&self, conn: &ClusterConnection) -> Option<Arc<SlotMap>> {
+        {
+            let cached = self.slot_map.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((at, map)) = cached.as_ref() {
+                if at.elapsed() < SLOT_MAP_AGE {
+                    return Some(Arc::clone(map));
+                }
+            }
+        }
+        let mut conn = conn.clone();
+        let read = conn.route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+        );
+        let value = tokio::time::timeout(self.connect_bound, read)
+            .await
+            .ok()?
+            .ok()?;
+        let map = Arc::new(parse_slots(value)?);
+        *self.slot_map.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((Instant::now(), Arc::clone(&map)));
+        Some(map)
+    }
+
+    fn slot_map_is_stale(&self) {
+        *self.slot_map.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// The cluster connection, made on first use (bounded; a failed attempt is retried by the
@@ -122,14 +184,14 @@ impl ClusterNode {
             .await
     }
 
-    fn slot(&self, name: &str) -> Slot {
+    fn slot(&self, name: &str) -> u16 {
         let [lock, ..] = self.calls.keys(name);
-        Slot::for_key(lock)
+        key_slot(&lock)
     }
 
     /// Indices of `names` grouped by slot, groups in the order of their first name.
-    fn by_slot(&self, names: &[Arc<str>]) -> Vec<(Slot, Vec<usize>)> {
-        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+    fn by_slot(&self, names: &[Arc<str>]) -> Vec<(u16, Vec<usize>)> {
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let slot = self.slot(name);
             match groups.iter_mut().find(|(s, _)| *s == slot) {
@@ -141,8 +203,8 @@ impl ClusterNode {
     }
 
     /// Names the slot in a failure of the cluster.
-    fn at_slot(&self, slot: Slot, mut failure: NodeFailure) -> NodeFailure {
-        failure.node = format!("{} {slot:?}", self.calls.addr);
+    fn at_slot(&self, slot: u16, mut failure: NodeFailure) -> NodeFailure {
+        failure.node = format!("{} slot {slot}", self.calls.addr);
         failure
     }
 
@@ -150,7 +212,7 @@ impl ClusterNode {
         &self,
         conn: &ClusterConnection,
         names: &[Arc<str>],
-        groups: &[(Slot, Vec<usize>)],
+        groups: &[(u16, Vec<usize>)],
         token: &Token,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
@@ -275,26 +337,32 @@ impl Node for ClusterNode {
                         .collect();
                 }
             };
-            // Split each lock into its slots' parts, then one pipeline per slot, all at once
-            // (the cluster client multiplexes them on one connection per master).
+            // Each lock split into its slots' parts; the parts batched by master (by slot when
+            // the slot map cannot be read), every batch one pipeline, all batches at once.
+            let map = self.slot_map(conn).await;
             let mut parts: Vec<Vec<Arc<str>>> = Vec::new();
-            let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
-            let mut per_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
+            let mut owners: Vec<(usize, u16, Vec<usize>)> = Vec::new();
+            let mut batches: HashMap<Batch, Vec<usize>> = HashMap::new();
             for (item_index, item) in items.iter().enumerate() {
                 for (slot, members) in self.by_slot(item.names) {
-                    per_slot.entry(slot).or_default().push(parts.len());
+                    let batch = map
+                        .as_deref()
+                        .and_then(|map| master_of(map, slot))
+                        .map_or(Batch::Slot(slot), |(host, port)| {
+                            Batch::Master(host.to_owned(), port)
+                        });
+                    batches.entry(batch).or_default().push(parts.len());
                     parts.push(
                         members
                             .iter()
                             .map(|&i| Arc::clone(&item.names[i]))
                             .collect(),
                     );
-                    owners.push((item_index, members));
+                    owners.push((item_index, slot, members));
                 }
             }
-            let runs = per_slot.into_iter().map(|(slot, part_indices)| {
-                let parts = &parts;
-                let owners = &owners;
+            let runs = batches.into_iter().map(|(batch, part_indices)| {
+                let (parts, owners) = (&parts, &owners);
                 async move {
                     let chunk: Vec<ExtendItem<'_>> = part_indices
                         .iter()
@@ -304,23 +372,24 @@ impl Node for ClusterNode {
                             ttl: items[owners[p].0].ttl,
                         })
                         .collect();
-                    let outcomes = self.calls.extend_many(conn, &chunk).await;
-                    part_indices
-                        .into_iter()
-                        .zip(outcomes)
-                        .map(|(p, outcome)| match outcome {
-                            ExtendOutcome::Failed(f) => {
-                                (p, ExtendOutcome::Failed(self.at_slot(slot, f)))
-                            }
-                            other => (p, other),
-                        })
-                        .collect::<Vec<_>>()
+                    let outcomes = match batch {
+                        Batch::Master(host, port) => {
+                            let to = ToMaster {
+                                conn: conn.clone(),
+                                host,
+                                port,
+                            };
+                            self.calls.extend_many(&to, &chunk).await
+                        }
+                        Batch::Slot(_) => self.calls.extend_many(conn, &chunk).await,
+                    };
+                    part_indices.into_iter().zip(outcomes).collect::<Vec<_>>()
                 }
             });
             let mut out: Vec<ExtendOutcome> =
                 items.iter().map(|_| ExtendOutcome::Extended).collect();
             for (p, outcome) in join_all(runs).await.into_iter().flatten() {
-                let (item_index, members) = &owners[p];
+                let (item_index, slot, members) = &owners[p];
                 let merged = match (&out[*item_index], outcome) {
                     // "Not ours" settles it, whatever the other parts say.
                     (ExtendOutcome::NotOwned { .. }, _) => continue,
@@ -328,7 +397,14 @@ impl Node for ClusterNode {
                         index: members.get(index).copied().unwrap_or(0),
                     },
                     (ExtendOutcome::Failed(_), _) => continue,
-                    (_, other) => other,
+                    (_, ExtendOutcome::Failed(failure)) => {
+                        if failure.detail.contains("MOVED") || failure.detail.contains("ASK") {
+                            // The slot moved: the next round reads the map again.
+                            self.slot_map_is_stale();
+                        }
+                        ExtendOutcome::Failed(self.at_slot(*slot, failure))
+                    }
+                    (_, extended) => extended,
                 };
                 out[*item_index] = merged;
             }
@@ -378,6 +454,86 @@ impl Node for ClusterNode {
     }
 }
 
+/// What one renewal pipeline goes to.
+#[derive(PartialEq, Eq, Hash)]
+enum Batch {
+    Master(String, u16),
+    /// The slot map is unknown: the cluster client routes by the slot.
+    Slot(u16),
+}
+
+/// The master serving `slot` in `map`.
+fn master_of(map: &SlotMap, slot: u16) -> Option<(&str, u16)> {
+    map.iter()
+        .find(|(first, last, ..)| (*first..=*last).contains(&slot))
+        .map(|(_, _, host, port)| (host.as_str(), *port))
+}
+
+/// `CLUSTER SLOTS`: `[[first, last, [host, port, ..], replicas..], ..]`.
+fn parse_slots(value: Value) -> Option<SlotMap> {
+    let Value::Array(ranges) = value else {
+        return None;
+    };
+    let mut map = SlotMap::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return None;
+        };
+        let first: u16 = redis::from_redis_value_ref(parts.first()?).ok()?;
+        let last: u16 = redis::from_redis_value_ref(parts.get(1)?).ok()?;
+        let Value::Array(master) = parts.get(2)? else {
+            return None;
+        };
+        let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
+        let port: u16 = redis::from_redis_value_ref(master.get(1)?).ok()?;
+        map.push((first, last, host, port));
+    }
+    map.sort();
+    Some(map)
+}
+
+/// A cluster connection that sends everything to one master, whatever the keys' slots: one
+/// renewal pipeline for all the locks that master serves.
+#[derive(Clone)]
+struct ToMaster {
+    conn: ClusterConnection,
+    host: String,
+    port: u16,
+}
+
+impl ToMaster {
+    fn route(&self) -> SingleNodeRoutingInfo {
+        SingleNodeRoutingInfo::ByAddress {
+            host: self.host.clone(),
+            port: self.port,
+        }
+    }
+}
+
+impl ConnectionLike for ToMaster {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let route = RoutingInfo::SingleNode(self.route());
+        Box::pin(self.conn.route_command(cmd.clone(), route))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let route = self.route();
+        Box::pin(
+            self.conn
+                .route_pipeline(pipeline.clone(), offset, count, route),
+        )
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 /// Sharded pub/sub on a cluster connection: each channel is subscribed on its slot's shard
 /// (channels of different slots cannot share one `SSUBSCRIBE`).
 struct Sharded(ClusterConnection);
@@ -403,5 +559,20 @@ impl PubSub for Sharded {
             });
             join_all(all).await.into_iter().collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // CRC16/XMODEM("123456789") = 0x31C3; "foo" is 12182 in the Redis Cluster spec.
+        assert_eq!(key_slot("123456789"), 0x31C3);
+        assert_eq!(key_slot("foo"), 12182);
+        // Only the hash tag counts.
+        assert_eq!(key_slot("{foo}:bar"), 12182);
+        assert_eq!(key_slot("lock:{foo}=x"), key_slot("lock:{foo}:fence=x"));
     }
 }

@@ -102,7 +102,7 @@ fn unescape(escaped: &str) -> Option<String> {
 
 /// The part of `key` Redis Cluster hashes when it has a hash tag: the text between the first `{`
 /// and the next `}`, when not empty.
-fn hash_tag(key: &str) -> Option<&str> {
+pub(super) fn hash_tag(key: &str) -> Option<&str> {
     let open = key.find('{')?;
     let len = key[open + 1..].find('}')?;
     (len > 0).then(|| &key[open + 1..open + 1 + len])
