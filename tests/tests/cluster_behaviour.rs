@@ -170,3 +170,39 @@ async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
     assert!(!guard.is_lost(), "renewed with replica acknowledgements");
     guard.release().await.unwrap();
 }
+
+/// No cluster node answers: `Unavailable` naming the cluster, never `Contended`, within wait +
+/// one request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_unavailable_never_contended() {
+    let seeds = [
+        format!("redis://127.0.0.1:{}/", lock_tests::free_port()),
+        format!("redis://127.0.0.1:{}/", lock_tests::free_port()),
+    ];
+    let config = LockConfig::cluster(seeds)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200));
+    let client = LockClient::new(config).unwrap();
+    let started = std::time::Instant::now();
+    let wait = Duration::from_millis(300);
+    match client
+        .lock(unique_key("cl:down"))
+        .wait(wait)
+        .acquire()
+        .await
+    {
+        Err(lock_runtime::LockError::Unavailable { causes, .. }) => {
+            assert!(
+                causes.iter().all(|c| c.node.starts_with("cluster(")),
+                "{causes:?}"
+            );
+        }
+        Err(other) => panic!("expected Unavailable, got {other}"),
+        Ok(_) => panic!("granted by no server"),
+    }
+    assert!(
+        started.elapsed() < wait + Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -33,23 +33,46 @@ impl SentinelSet {
     /// Starts the set and returns once every sentinel knows the master, its replica and the
     /// two other sentinels, and the replica's link is up (bounded; panics with the logs).
     pub fn start() -> SentinelSet {
+        Self::start_with_password(None)
+    }
+
+    /// [`start`](Self::start), with `requirepass` on both data nodes (the replica and the
+    /// sentinels authenticate with it; the sentinels themselves ask for no password).
+    pub fn start_with_password(password: Option<&str>) -> SentinelSet {
+        let auth: Vec<String> = password
+            .map(|p| vec!["--masterauth".into(), p.into()])
+            .unwrap_or_default();
         let master = RedisServer::start_with(ServerOptions {
-            extra_args: vec!["--repl-diskless-sync-delay".into(), "0".into()],
+            requirepass: password.map(str::to_owned),
+            extra_args: [
+                vec!["--repl-diskless-sync-delay".into(), "0".into()],
+                auth.clone(),
+            ]
+            .concat(),
             ..ServerOptions::default()
         });
         let replica = RedisServer::start_with(ServerOptions {
-            extra_args: vec![
-                "--repl-diskless-sync-delay".into(),
-                "0".into(),
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master.port().to_string(),
-            ],
+            requirepass: password.map(str::to_owned),
+            extra_args: [
+                vec![
+                    "--repl-diskless-sync-delay".into(),
+                    "0".into(),
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port().to_string(),
+                ],
+                auth,
+            ]
+            .concat(),
             ..ServerOptions::default()
         });
         let name = Self::MASTER_NAME;
+        let sentinel_auth = password
+            .map(|p| format!("sentinel auth-pass {name} {p}"))
+            .unwrap_or_default();
         let sentinel_opts = ServerOptions {
             config_lines: vec![
+                sentinel_auth,
                 format!("sentinel monitor {name} 127.0.0.1 {} 2", master.port()),
                 format!(
                     "sentinel down-after-milliseconds {name} {}",
