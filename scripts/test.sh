@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # command -> Debian package that provides it
 missing=()
 command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli (Debian: redis-tools, which redis-server depends on) joins the test Redis Cluster.
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v "${LOCK_TESTS_ETCD:-etcd}" >/dev/null 2>&1 || missing+=(etcd-server)
 command -v "${PROTOC:-protoc}" >/dev/null 2>&1 || missing+=(protobuf-compiler)
 

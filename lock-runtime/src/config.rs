@@ -9,6 +9,12 @@ pub const ENV_URL: &str = "LOCK_REDIS_URL";
 /// The environment variable that selects etcd in [`LockConfig::from_env`]: a comma-separated list
 /// of endpoints (needs the `etcd` feature).
 pub const ENV_ETCD_ENDPOINTS: &str = "LOCK_ETCD_ENDPOINTS";
+/// Selects the topology in [`LockConfig::from_env`]: `single`, `redlock`, `cluster` or
+/// `sentinel`. Unset: one URL is `single`, a list is `redlock`.
+pub const ENV_MODE: &str = "LOCK_REDIS_MODE";
+
+/// The master name for `LOCK_REDIS_MODE=sentinel` in [`LockConfig::from_env`].
+pub const ENV_SENTINEL_MASTER: &str = "LOCK_REDIS_SENTINEL_MASTER";
 
 /// How the process talks to its locks: which backend, plus the defaults and timeouts every lock uses.
 ///
@@ -42,8 +48,18 @@ pub(crate) enum BackendConfig {
     Etcd(Vec<String>, &'static str),
     /// `from_env` found nothing usable; `init` reports it.
     EnvMissing,
-    /// `from_env` found both variables set.
+    /// `from_env` found both `LOCK_REDIS_URL` and `LOCK_ETCD_ENDPOINTS` set.
     EnvBoth,
+    Cluster(Vec<String>),
+    Sentinel {
+        master: String,
+        urls: Vec<String>,
+    },
+    /// `from_env` found a value it cannot use; `init` reports it.
+    EnvInvalid {
+        field: &'static str,
+        reason: String,
+    },
 }
 
 impl LockConfig {
@@ -62,6 +78,7 @@ impl LockConfig {
                 response_timeout: Duration::from_millis(500),
                 fencing: None,
                 default_max_hold: None,
+                min_replicas: None,
             },
             runtime: None,
         }
@@ -82,6 +99,59 @@ impl LockConfig {
         Self::with_backend(BackendConfig::Redlock(
             urls.into_iter().map(Into::into).collect(),
         ))
+    }
+
+    /// Redis Cluster, reached through any of `seed_urls` (the client learns the rest of the
+    /// topology, follows `MOVED`/`ASK` during resharding and refreshes it after a failover).
+    ///
+    /// Every key of a lock (its lock key, fence counter and release channel) lives in one slot.
+    /// A multi-key lock whose keys share a hash tag (`{user:42}:a`, `{user:42}:b`) is taken in one
+    /// script call on that slot's master; otherwise its keys are taken slot by slot in canonical
+    /// order, and a refusal gives back what was already taken. Releases wake waiters through
+    /// sharded pub/sub (`SPUBLISH`, Redis 7), so only the shard's subscribers hear them, and
+    /// renewal sends one pipeline per master.
+    ///
+    /// The promise is the single-node one, per master: a lock is safe while its master keeps the
+    /// key. Replication is asynchronous: a failover can promote a replica that never saw a grant
+    /// (see [`min_replicas`](Self::min_replicas)). Credentials, TLS (`rediss://`, `tls`
+    /// feature) and the database of the first URL apply to every node.
+    pub fn cluster<I, S>(seed_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_backend(BackendConfig::Cluster(
+            seed_urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// A master with replicas behind Redis Sentinel: the client asks the sentinels (all of
+    /// `sentinel_urls` at once; the address most of them name wins) for the master named
+    /// `master_name`, asks again before the next call whenever the master stops answering,
+    /// refuses a write (`READONLY`: demoted) or a connection breaks, and at least once a second
+    /// while calls are made (a demoted master may keep answering until the sentinels
+    /// reconfigure it). After a failover, lock calls reach the new master within: the
+    /// sentinels' own failover time (`down-after-milliseconds` plus the election) + 1s +
+    /// `connect_timeout` + `response_timeout`, plus the acquire's retry backoff (at most 12 ×
+    /// `retry_delay`) for a call already waiting. Waiters subscribed on the old master are
+    /// woken to retry when the client moves.
+    ///
+    /// Each URL is a sentinel's address: `redis://host:port` (`rediss://` for TLS). Its user,
+    /// password and database apply to the *master* (as for [`single`](Self::single)); sentinels
+    /// are asked without credentials, over the same scheme.
+    ///
+    /// The promise is the single-node one while the master keeps the key; as with a cluster, a
+    /// failover can promote a replica that never saw a grant (see
+    /// [`min_replicas`](Self::min_replicas)).
+    pub fn sentinel<I, S>(master_name: impl Into<String>, sentinel_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_backend(BackendConfig::Sentinel {
+            master: master_name.into(),
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+        })
     }
 
     /// Locks that live in this process only: for tests, demos and single-instance deployments.
@@ -116,29 +186,49 @@ impl LockConfig {
         ))
     }
 
-    /// Reads `LOCK_REDIS_URL`: one URL selects [`single`](Self::single), a comma-separated list
-    /// selects [`redlock`](Self::redlock). Or reads `LOCK_ETCD_ENDPOINTS`: a comma-separated
-    /// list of etcd endpoints selects [`etcd`](Self::etcd) (feature `etcd`). When neither is set
-    /// (or both are), `init` fails with a `LockError::Config` naming the variable; use
-    /// [`from_env_or`](Self::from_env_or) to choose a fallback explicitly.
+    /// Reads the backend from the environment:
+    ///
+    /// | `LOCK_REDIS_MODE` | `LOCK_REDIS_URL` | selects |
+    /// |---|---|---|
+    /// | unset | one URL | [`single`](Self::single) |
+    /// | unset | comma-separated URLs | [`redlock`](Self::redlock) |
+    /// | `single` | one URL | [`single`](Self::single) |
+    /// | `redlock` | URLs | [`redlock`](Self::redlock) |
+    /// | `cluster` | seed URLs | [`cluster`](Self::cluster) |
+    /// | `sentinel` | sentinel URLs | [`sentinel`](Self::sentinel), master name from `LOCK_REDIS_SENTINEL_MASTER` |
+    ///
+    /// Or `LOCK_ETCD_ENDPOINTS`: a comma-separated list of etcd endpoints selects
+    /// [`etcd`](Self::etcd) (feature `etcd`). When neither `LOCK_REDIS_URL` nor
+    /// `LOCK_ETCD_ENDPOINTS` is set, `init` fails with
+    /// `LockError::Config { field: "LOCK_REDIS_URL", .. }` (use [`from_env_or`](Self::from_env_or)
+    /// to choose a fallback explicitly); when both are, with one naming `LOCK_ETCD_ENDPOINTS`. An
+    /// unknown mode fails naming `LOCK_REDIS_MODE`, a sentinel mode without a master name naming
+    /// `LOCK_REDIS_SENTINEL_MASTER`.
     pub fn from_env() -> Self {
-        Self::from_vars(
-            std::env::var(ENV_ETCD_ENDPOINTS).ok(),
-            std::env::var(ENV_URL).ok(),
+        let var = |name| std::env::var(name).ok();
+        Self::from_env_vars(
+            var(ENV_ETCD_ENDPOINTS),
+            var(ENV_URL),
+            var(ENV_MODE).as_deref(),
+            var(ENV_SENTINEL_MASTER).as_deref(),
         )
     }
 
-    fn from_vars(etcd: Option<String>, redis: Option<String>) -> Self {
-        let etcd = etcd.filter(|v| !v.trim().is_empty());
-        match (etcd, redis) {
-            (Some(_), Some(redis)) if !redis.trim().is_empty() => {
-                Self::with_backend(BackendConfig::EnvBoth)
-            }
-            (Some(endpoints), _) => Self::with_backend(BackendConfig::Etcd(
+    fn from_env_vars(
+        etcd: Option<String>,
+        redis: Option<String>,
+        mode: Option<&str>,
+        master: Option<&str>,
+    ) -> Self {
+        let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        let master = master.filter(|v| !v.trim().is_empty());
+        match (set(etcd), set(redis)) {
+            (Some(_), Some(_)) => Self::with_backend(BackendConfig::EnvBoth),
+            (Some(endpoints), None) => Self::with_backend(BackendConfig::Etcd(
                 split_list(&endpoints).map(str::to_owned).collect(),
                 ENV_ETCD_ENDPOINTS,
             )),
-            (None, Some(value)) => Self::from_url_list(&value),
+            (None, Some(urls)) => Self::from_vars(&urls, mode, master),
             (None, None) => Self::with_backend(BackendConfig::EnvMissing),
         }
     }
@@ -154,12 +244,39 @@ impl LockConfig {
         }
     }
 
-    fn from_url_list(value: &str) -> Self {
-        let urls: Vec<&str> = split_list(value).collect();
-        match urls.as_slice() {
-            [] => Self::with_backend(BackendConfig::EnvMissing),
-            [one] => Self::single(*one),
-            many => Self::redlock(many.iter().copied()),
+    fn from_vars(urls: &str, mode: Option<&str>, master: Option<&str>) -> Self {
+        let urls: Vec<&str> = split_list(urls).collect();
+        let invalid = |field, reason: &str| {
+            Self::with_backend(BackendConfig::EnvInvalid {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if urls.is_empty() {
+            return Self::with_backend(BackendConfig::EnvMissing);
+        }
+        match mode.map(str::trim) {
+            None => match urls.as_slice() {
+                [one] => Self::single(*one),
+                many => Self::redlock(many.iter().copied()),
+            },
+            Some("single") => match urls.as_slice() {
+                [one] => Self::single(*one),
+                _ => invalid(ENV_URL, "must be one URL with LOCK_REDIS_MODE=single"),
+            },
+            Some("redlock") => Self::redlock(urls),
+            Some("cluster") => Self::cluster(urls),
+            Some("sentinel") => match master.map(str::trim) {
+                Some(master) => Self::sentinel(master, urls),
+                None => invalid(
+                    ENV_SENTINEL_MASTER,
+                    "must name the master with LOCK_REDIS_MODE=sentinel",
+                ),
+            },
+            Some(_) => invalid(
+                ENV_MODE,
+                "must be one of single, redlock, cluster, sentinel",
+            ),
         }
     }
 
@@ -236,6 +353,27 @@ impl LockConfig {
         self
     }
 
+    /// Cluster and Sentinel only: a grant counts only once `n` replicas of the master
+    /// acknowledged it (`WAIT n timeout`, sent behind the acquire script on the same connection,
+    /// with a timeout of half `response_timeout`). With fewer acknowledgements the grant is
+    /// withdrawn and the call fails with [`LockError::Unavailable`] (cause kind
+    /// [`FailureKind::Replication`](crate::FailureKind::Replication), retried within `wait`);
+    /// each renewal is checked the same way and counts as failed otherwise (the lock is lost if
+    /// no renewal is confirmed before its validity runs out).
+    ///
+    /// This closes the common failover case, a replica promoted before it received the grant.
+    /// It does not make replication synchronous: `WAIT` counts replicas that *received* the
+    /// write, not ones that persisted it, so a replica that restarts without its data, a
+    /// failover to a replica that was not among the acknowledging ones (with more replicas
+    /// than `n`), or a partition in which the old master keeps answering a minority can still
+    /// lose a lock. Every `WAIT` blocks the shared connection to that master until the
+    /// replicas answer, so it costs throughput (see the README's benchmark). Any other backend
+    /// rejects it (`LockError::Config` naming `min_replicas`).
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.settings.min_replicas = Some(n);
+        self
+    }
+
     /// Whether locks carry a fencing token: a per-key number that grows with every grant, which a
     /// resource can use to reject a superseded holder. Default: on for single-node and in-memory
     /// locks, off for Redlock.
@@ -298,6 +436,40 @@ impl LockConfig {
                     "selects etcd, which this build does not include: enable the `etcd` feature of lock-runtime",
                 ));
             }
+            BackendConfig::Cluster(urls) => {
+                if urls.is_empty() {
+                    return Err(LockError::config(
+                        "seed_urls",
+                        "must name at least one node",
+                    ));
+                }
+                ValidBackend::Cluster(
+                    urls.iter()
+                        .map(|url| parse_url("seed_urls", url))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            BackendConfig::Sentinel { master, urls } => {
+                if master.trim().is_empty() {
+                    return Err(LockError::config("master_name", "must not be empty"));
+                }
+                if urls.is_empty() {
+                    return Err(LockError::config(
+                        "sentinel_urls",
+                        "must name at least one sentinel",
+                    ));
+                }
+                ValidBackend::Sentinel {
+                    master: master.clone(),
+                    sentinels: urls
+                        .iter()
+                        .map(|url| parse_url("sentinel_urls", url))
+                        .collect::<Result<_, _>>()?,
+                }
+            }
+            BackendConfig::EnvInvalid { field, reason } => {
+                return Err(LockError::config(field, reason.clone()));
+            }
             BackendConfig::EnvMissing => {
                 return Err(LockError::config(
                     "LOCK_REDIS_URL",
@@ -313,6 +485,20 @@ impl LockConfig {
             }
         };
         let settings = &self.settings;
+        if let Some(n) = settings.min_replicas {
+            if !matches!(
+                backend,
+                ValidBackend::Cluster(_) | ValidBackend::Sentinel { .. }
+            ) {
+                return Err(LockError::config(
+                    "min_replicas",
+                    "only applies to cluster and sentinel (other backends have no replicas)",
+                ));
+            }
+            if n == 0 {
+                return Err(LockError::config("min_replicas", "must be at least 1"));
+            }
+        }
         check_ttl("default_ttl", settings.default_ttl)?;
         positive("retry_delay", settings.retry_delay)?;
         positive("connect_timeout", settings.connect_timeout)?;
@@ -423,10 +609,25 @@ impl fmt::Debug for LockConfig {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            BackendConfig::Cluster(urls) => format!(
+                "cluster([{}])",
+                urls.iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            BackendConfig::Sentinel { master, urls } => format!(
+                "sentinel({master}, [{}])",
+                urls.iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             BackendConfig::EnvMissing => format!("from_env({ENV_URL} unset)"),
             BackendConfig::EnvBoth => {
                 format!("from_env({ENV_URL} and {ENV_ETCD_ENDPOINTS} both set)")
             }
+            BackendConfig::EnvInvalid { field, .. } => format!("from_env({field} invalid)"),
         };
         f.debug_struct("LockConfig")
             .field("backend", &format_args!("{backend}"))
@@ -440,6 +641,7 @@ impl fmt::Debug for LockConfig {
             .field("connect_timeout", &self.settings.connect_timeout)
             .field("response_timeout", &self.settings.response_timeout)
             .field("max_hold", &self.settings.default_max_hold)
+            .field("min_replicas", &self.settings.min_replicas)
             .field(
                 "fencing",
                 &format_args!(
@@ -519,6 +721,11 @@ pub(crate) enum ValidBackend {
     InMemory,
     #[cfg(feature = "etcd")]
     Etcd(crate::backend::EtcdAddrs),
+    Cluster(Vec<NodeAddr>),
+    Sentinel {
+        master: String,
+        sentinels: Vec<NodeAddr>,
+    },
 }
 
 /// One parsed Redis node address.
@@ -550,6 +757,8 @@ pub(crate) struct Settings {
     /// `None`: on, except for Redlock over more than one node.
     pub(crate) fencing: Option<bool>,
     pub(crate) default_max_hold: Option<Duration>,
+    /// Cluster and Sentinel: replicas that must acknowledge each grant and renewal.
+    pub(crate) min_replicas: Option<u32>,
 }
 
 impl Settings {
@@ -692,7 +901,58 @@ mod tests {
             ])),
             "urls"
         );
-        assert_eq!(field(LockConfig::from_url_list(" , ")), "LOCK_REDIS_URL");
+        assert_eq!(
+            field(LockConfig::from_vars(" , ", None, None)),
+            "LOCK_REDIS_URL"
+        );
+        assert_eq!(
+            field(LockConfig::in_memory().min_replicas(1)),
+            "min_replicas"
+        );
+        assert_eq!(
+            field(LockConfig::single("redis://127.0.0.1:6379/").min_replicas(1)),
+            "min_replicas"
+        );
+        assert_eq!(
+            field(
+                LockConfig::redlock(["redis://127.0.0.1:1/", "redis://127.0.0.1:2/"])
+                    .min_replicas(1)
+            ),
+            "min_replicas"
+        );
+        assert_eq!(
+            field(LockConfig::cluster(["redis://127.0.0.1:7000/"]).min_replicas(0)),
+            "min_replicas"
+        );
+        assert_eq!(
+            field(LockConfig::cluster(Vec::<String>::new())),
+            "seed_urls"
+        );
+        assert_eq!(field(LockConfig::cluster(["http://h/"])), "seed_urls");
+        assert_eq!(
+            field(LockConfig::sentinel("", ["redis://127.0.0.1:26379/"])),
+            "master_name"
+        );
+        assert_eq!(
+            field(LockConfig::sentinel("m", Vec::<String>::new())),
+            "sentinel_urls"
+        );
+        assert_eq!(
+            field(LockConfig::from_vars("redis://a/", Some("ring"), None)),
+            "LOCK_REDIS_MODE"
+        );
+        assert_eq!(
+            field(LockConfig::from_vars("redis://a/", Some("sentinel"), None)),
+            "LOCK_REDIS_SENTINEL_MASTER"
+        );
+        assert_eq!(
+            field(LockConfig::from_vars(
+                "redis://a/,redis://b/",
+                Some("single"),
+                None
+            )),
+            "LOCK_REDIS_URL"
+        );
         // Room for one renewal request: interval + response timeout + drift below the ttl.
         assert_eq!(
             field(
@@ -760,13 +1020,43 @@ mod tests {
     }
 
     #[test]
+    fn the_mode_variable_picks_cluster_and_sentinel() {
+        assert!(matches!(
+            LockConfig::from_vars("redis://a:1/, redis://b:2/", Some("cluster"), None).backend,
+            BackendConfig::Cluster(ref urls) if urls.len() == 2
+        ));
+        assert!(matches!(
+            LockConfig::from_vars("redis://a:26379/", Some("sentinel"), Some("locks")).backend,
+            BackendConfig::Sentinel { ref master, ref urls } if master == "locks" && urls.len() == 1
+        ));
+        assert!(matches!(
+            LockConfig::from_vars("redis://a/", Some("redlock"), None).backend,
+            BackendConfig::Redlock(ref urls) if urls.len() == 1
+        ));
+        assert!(
+            LockConfig::cluster(["redis://127.0.0.1:7000/"])
+                .min_replicas(1)
+                .validate()
+                .is_ok()
+        );
+        let shown = format!(
+            "{:?}",
+            LockConfig::sentinel("locks", ["redis://:hunter2@127.0.0.1:26379/"])
+        );
+        assert!(
+            !shown.contains("hunter2") && shown.contains("sentinel(locks"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn url_lists_pick_the_backend() {
         assert!(matches!(
-            LockConfig::from_url_list("redis://a/").backend,
+            LockConfig::from_vars("redis://a/", None, None).backend,
             BackendConfig::Single(_)
         ));
         assert!(matches!(
-            LockConfig::from_url_list("redis://a/, redis://b/,redis://c/").backend,
+            LockConfig::from_vars("redis://a/, redis://b/,redis://c/", None, None).backend,
             BackendConfig::Redlock(ref urls) if urls.len() == 3
         ));
     }
@@ -778,24 +1068,40 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            endpoints(LockConfig::from_vars(Some(" a:1, b:2 ,".into()), None)),
+            endpoints(LockConfig::from_env_vars(
+                Some(" a:1, b:2 ,".into()),
+                None,
+                None,
+                None
+            )),
             Some((vec!["a:1".to_owned(), "b:2".to_owned()], ENV_ETCD_ENDPOINTS))
         );
         assert!(matches!(
-            LockConfig::from_vars(Some(" ".into()), Some("redis://h/".into())).backend,
+            LockConfig::from_env_vars(Some(" ".into()), Some("redis://h/".into()), None, None)
+                .backend,
             BackendConfig::Single(_)
         ));
         assert_eq!(
-            field(LockConfig::from_vars(
+            field(LockConfig::from_env_vars(
                 Some("a:1".into()),
-                Some("redis://h/".into())
+                Some("redis://h/".into()),
+                None,
+                None
             )),
             ENV_ETCD_ENDPOINTS
         );
-        assert_eq!(field(LockConfig::from_vars(None, None)), ENV_URL);
+        assert_eq!(
+            field(LockConfig::from_env_vars(None, None, None, None)),
+            ENV_URL
+        );
         // Without the feature, and for bad endpoints with it, the error names where they came from.
         assert_eq!(
-            field(LockConfig::from_vars(Some("nope://x".into()), None)),
+            field(LockConfig::from_env_vars(
+                Some("nope://x".into()),
+                None,
+                None,
+                None
+            )),
             ENV_ETCD_ENDPOINTS
         );
         assert_eq!(field(LockConfig::etcd(["nope://x"])), "endpoints");

@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
-use crate::backend::{Backend, MemoryNode, Names, Node, Quorum, RedisNode, Token};
+use crate::backend::{
+    Backend, ClusterNode, MemoryNode, Names, Node, Quorum, RedisNode, SentinelNode, Token,
+};
 use crate::config::{LockConfig, Settings, ValidBackend};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
@@ -28,7 +30,7 @@ pub(crate) struct Engine {
     pub(crate) backend: Arc<Backend>,
     pub(crate) settings: Settings,
     fencing: bool,
-    /// `single`, `redlock`, `memory` or `etcd`: the `backend` label.
+    /// `single`, `redlock`, `cluster`, `sentinel`, `memory` or `etcd`: the `backend` label.
     kind: &'static str,
     pub(crate) runtime: Handle,
     renewer: Renewer,
@@ -76,6 +78,8 @@ impl Engine {
             ValidBackend::InMemory => "memory",
             #[cfg(feature = "etcd")]
             ValidBackend::Etcd(_) => "etcd",
+            ValidBackend::Cluster(_) => "cluster",
+            ValidBackend::Sentinel { .. } => "sentinel",
         };
         let backend = match &valid.backend {
             ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
@@ -95,6 +99,14 @@ impl Engine {
                 &settings,
                 Arc::clone(&wakers),
             ))),
+            ValidBackend::Cluster(seeds) => Backend::One(Arc::new(ClusterNode::new(
+                seeds,
+                &settings,
+                Arc::clone(&wakers),
+            )?)),
+            ValidBackend::Sentinel { master, sentinels } => Backend::One(Arc::new(
+                SentinelNode::new(master, sentinels, &settings, Arc::clone(&wakers))?,
+            )),
         };
         let backend = Arc::new(backend);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());

@@ -119,10 +119,13 @@ pub enum FailureKind {
     /// The user lacks a permission (ACL) the lock needs.
     Permission,
     /// The server answered that it cannot serve the request now and did not run it (`LOADING`,
-    /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`); retried within `wait`.
+    /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`); retried within `wait`.
     Busy,
     /// Redis answered with another error.
     Response,
+    /// The master did it, but fewer replicas than `min_replicas` acknowledged it in time (a
+    /// grant is then withdrawn; a renewal counts as failed). Retried within `wait`.
+    Replication,
 }
 
 impl FailureKind {
@@ -130,7 +133,11 @@ impl FailureKind {
     pub(crate) fn is_transient(self) -> bool {
         matches!(
             self,
-            FailureKind::Timeout | FailureKind::Refused | FailureKind::Io | FailureKind::Busy
+            FailureKind::Timeout
+                | FailureKind::Refused
+                | FailureKind::Io
+                | FailureKind::Busy
+                | FailureKind::Replication
         )
     }
 
@@ -150,6 +157,7 @@ impl fmt::Display for NodeFailure {
             FailureKind::Permission => "permission denied",
             FailureKind::Busy => "server busy",
             FailureKind::Response => "error reply",
+            FailureKind::Replication => "not replicated",
         };
         write!(f, "{}: {kind}: {}", self.node, self.detail)
     }
@@ -189,6 +197,14 @@ impl NodeFailure {
         }
     }
 
+    pub(crate) fn replication(node: &str, detail: &str) -> Self {
+        NodeFailure {
+            node: node.to_owned(),
+            kind: FailureKind::Replication,
+            detail: detail.to_owned(),
+        }
+    }
+
     pub(crate) fn from_redis(node: &str, err: &redis::RedisError) -> Self {
         use redis::ErrorKind;
         let kind = if err.is_timeout() {
@@ -203,9 +219,10 @@ impl NodeFailure {
                 _ => match err.code() {
                     Some("NOAUTH" | "WRONGPASS") => FailureKind::Auth,
                     Some("NOPERM") => FailureKind::Permission,
-                    Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN") => {
-                        FailureKind::Busy
-                    }
+                    // READONLY: a demoted master (Sentinel failover); the client finds the new one.
+                    Some(
+                        "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY",
+                    ) => FailureKind::Busy,
                     _ => FailureKind::Response,
                 },
             }

@@ -165,12 +165,19 @@
 //! - [`LockConfig::single`]`("redis://[user:pass@]host:port/db")`: one Redis master
 //!   (`rediss://` with the `tls` feature).
 //! - [`LockConfig::redlock`]`([url, url, url])`: the Redlock algorithm over independent masters.
+//! - [`LockConfig::cluster`]`([seed, seed])`: Redis Cluster (follows resharding and failover).
+//! - [`LockConfig::sentinel`]`("master-name", [sentinel, sentinel, sentinel])`: a master with
+//!   replicas behind Redis Sentinel (follows failover).
 //! - [`LockConfig::etcd`]`(["http://host:2379", ..])`: an etcd v3 cluster (cargo feature `etcd`);
 //!   see "etcd" below.
 //! - [`LockConfig::in_memory`]`()`: one process only; tests, demos, single-instance deployments.
 //! - [`LockConfig::from_env`]`()`: `LOCK_REDIS_URL`, one URL for single, a comma-separated list for
-//!   Redlock; or `LOCK_ETCD_ENDPOINTS`, a comma-separated list of etcd endpoints;
-//!   [`LockConfig::from_env_or`] picks a fallback when neither is set.
+//!   Redlock, or seeds / sentinels with `LOCK_REDIS_MODE=cluster|sentinel` (and
+//!   `LOCK_REDIS_SENTINEL_MASTER`); or `LOCK_ETCD_ENDPOINTS`, a comma-separated list of etcd
+//!   endpoints; [`LockConfig::from_env_or`] picks a fallback when neither is set.
+//!
+//! With Cluster and Sentinel, [`LockConfig::min_replicas`]`(n)` makes a grant (and each renewal)
+//! count only once `n` replicas acknowledged it (`WAIT`).
 //!
 //! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
 //! jitter, renew interval, drift factor, connect and response timeouts, fencing, and the runtime
@@ -253,10 +260,20 @@
 //!
 //! # Guarantees and limits
 //!
+//! Topologies, and what each promises:
+//!
 //! - Single node: mutual exclusion while the node keeps the key and the holder finishes within the
 //!   validity; the fencing token (a per-key counter, strictly increasing) lets a resource reject a
 //!   holder that has been superseded. A failover to a replica that missed the write can grant the
 //!   lock twice: use fencing, or Redlock.
+//! - Redis Cluster: the single-node promise, per master (all keys of a lock live in one slot;
+//!   `MOVED`/`ASK` during resharding are followed, and a lock held while its slot moves stays
+//!   held). Replication is asynchronous, so a master that dies before its replica received a
+//!   grant opens a double-grant window after the failover (the first holder is told `Lost` at its
+//!   next renewal). [`LockConfig::min_replicas`]`(1)` closes the common case: a grant no replica
+//!   acknowledged is withdrawn and reported `Unavailable`.
+//! - Sentinel: the same as Cluster for one master; the client follows a failover within the
+//!   sentinels' failover time + 1 s + one lookup and one request (see [`LockConfig::sentinel`]).
 //! - Redlock: mutual exclusion under Redlock's assumptions (independent nodes, bounded clock rate
 //!   error, restarts delayed by a TTL or `appendfsync always`); survives the loss of a minority of
 //!   nodes. Fencing is opt-in here ([`LockConfig::fencing`]): the token is the largest counter of
@@ -338,7 +355,7 @@ pub mod __private;
 pub mod fault_table {}
 
 pub use client::LockClient;
-pub use config::{ENV_ETCD_ENDPOINTS, ENV_URL, LockConfig};
+pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use error::{FailureKind, LockError, NodeFailure};
 pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;

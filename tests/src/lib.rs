@@ -1,5 +1,6 @@
 //! Test harness for the `lock-*` crates: real `redis-server` processes on free loopback ports
-//! (stop, restart, freeze), groups of independent masters for Redlock, a fault-injecting TCP proxy,
+//! (stop, restart, freeze), groups of independent masters for Redlock, a Redis Cluster
+//! (3 masters + 3 replicas) and a Sentinel set (master, replica, 3 sentinels), a fault-injecting TCP proxy,
 //! child processes of this package's binaries, and one helper each for the lock key layout and
 //! bounded polling.
 //!
@@ -26,12 +27,15 @@ pub mod capture;
 mod harness;
 pub mod history;
 
+pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
 pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, ping_error_code,
 };
 pub use harness::proxy::FaultProxy;
+pub use harness::sentinel::SentinelSet;
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
+pub use harness::store::LockStore;
 pub use harness::util::{LockKeys, free_port, lock_keys, unique_key, wait_until, wait_until_async};
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -351,3 +351,33 @@ fn unique_keys_and_free_ports() {
     assert!(a.starts_with(&format!("p:{}:", std::process::id())), "{a}");
     assert_ne!(free_port(), 0);
 }
+
+/// The cluster harness: three masters with one replica each, every slot served, and keys of
+/// different hash tags spread over all three masters.
+#[test]
+fn cluster_has_three_masters_with_replicas() {
+    let cluster = lock_tests::RedisCluster::shared();
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    for master in &masters {
+        let replica = cluster.replica_of(master);
+        assert_ne!(replica.port(), master.port());
+    }
+    let owners: std::collections::BTreeSet<u16> = (0..60)
+        .map(|i| cluster.master_of(&format!("lock:{{k{i}}}")).port())
+        .collect();
+    assert_eq!(owners.len(), 3, "{owners:?}");
+}
+
+/// The sentinel harness: the sentinels name the first data node as master, the other is its
+/// replica.
+#[test]
+fn sentinel_set_names_its_master() {
+    let set = lock_tests::SentinelSet::shared();
+    assert_eq!(set.master().port(), set.data[0].port());
+    assert!(
+        set.replica()
+            .info("replication")
+            .contains("master_link_status:up")
+    );
+}

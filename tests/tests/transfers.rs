@@ -1,6 +1,7 @@
 //! Two processes x four tasks transferring money between five wallets in opposite directions, each
 //! transfer under one lock over both wallets (`Lock::many`), for ten seconds: on one Redis node and
-//! on Redlock. No deadlock (every call answers within its 5s wait, none is refused), no two
+//! on Redlock and on Redis Cluster (where the two wallets of a transfer are mostly in slots of
+//! different masters: the lock takes them slot by slot). No deadlock (every call answers within its 5s wait, none is refused), no two
 //! holders of a wallet at once (grant history), and not a unit of money created or lost.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,7 +9,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lock_tests::{RedisMasters, RedisServer, Worker, finish_all, history, lock_keys, unique_key};
+use lock_tests::{
+    RedisCluster, RedisMasters, RedisServer, Worker, finish_all, history, lock_keys, unique_key,
+};
 
 const WALLETS: u64 = 5;
 const TASKS: u64 = 4;
@@ -40,10 +43,19 @@ fn counts(stdout: &[String]) -> (u64, u64, Duration) {
 /// Runs the two workers in `mode` against `lock_urls`, the wallets on `data`, and checks the
 /// outcome; `lock_nodes` must hold no lock key afterwards.
 fn transfers(mode: &str, lock_urls: &[String], data: &RedisServer, lock_nodes: &[&RedisServer]) {
+    transfers_of(mode, lock_urls, data, lock_nodes, &unique_key("transfers"));
+}
+
+fn transfers_of(
+    mode: &str,
+    lock_urls: &[String],
+    data: &RedisServer,
+    lock_nodes: &[&RedisServer],
+    prefix: &str,
+) {
     let _one = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let prefix = unique_key("transfers");
     let wallet = |w: u64| format!("{prefix}:wallet:{w}");
     let mut admin = data.admin();
     for w in 0..WALLETS {
@@ -64,7 +76,7 @@ fn transfers(mode: &str, lock_urls: &[String], data: &RedisServer, lock_nodes: &
                     mode,
                     &lock_urls.join(","),
                     &data.url(),
-                    &prefix,
+                    prefix,
                     &WALLETS.to_string(),
                     &TASKS.to_string(),
                     &RUN_FOR.as_secs().to_string(),
@@ -157,4 +169,27 @@ fn opposite_transfers_on_redlock_neither_deadlock_nor_overlap() {
     let data = RedisServer::start();
     let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
     transfers("redlock", &masters.urls(), &data, &nodes);
+}
+
+/// Redis Cluster: the five wallets' locks sit on all three masters (asserted), so most transfers
+/// lock two slots of two masters, taken slot by slot in canonical order.
+#[test]
+fn opposite_transfers_on_a_cluster_neither_deadlock_nor_overlap() {
+    let cluster = RedisCluster::start();
+    let data = RedisServer::start();
+    // A prefix whose wallets' lock keys are on every master.
+    let prefix = (0..100)
+        .map(|_| unique_key("transfers"))
+        .find(|prefix| {
+            let masters: std::collections::BTreeSet<u16> = (0..WALLETS)
+                .map(|w| {
+                    let lock = lock_keys(&format!("{prefix}:wallet:{w}")).lock;
+                    cluster.master_of(&lock).port()
+                })
+                .collect();
+            masters.len() == 3
+        })
+        .expect("a prefix spreading five wallets over three masters in 100 tries");
+    let masters = cluster.masters();
+    transfers_of("cluster", &cluster.urls(), &data, &masters, &prefix);
 }

@@ -1,12 +1,14 @@
 //! Where locks live. A backend implements [`Node`] once per server and owns its key layout; the
 //! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several.
 
+mod cluster;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod memory;
 mod redis;
 mod redlock;
 mod scripts;
+mod sentinel;
 
 use std::fmt;
 use std::pin::Pin;
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use crate::error::NodeFailure;
 
+pub(crate) use cluster::ClusterNode;
 #[cfg(feature = "etcd")]
 pub(crate) use etcd::{EtcdAddrs, EtcdNode};
 pub(crate) use memory::MemoryNode;
@@ -22,6 +25,7 @@ pub(crate) use redis::RedisNode;
 pub use redis::{KeyKind, lock_name_of, redis_keys};
 pub(crate) use redlock::Quorum;
 pub use redlock::gate_of;
+pub(crate) use sentinel::SentinelNode;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

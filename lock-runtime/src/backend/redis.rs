@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{PushKind, RedisError, RedisResult};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, PushKind, RedisError, RedisResult, Script, ScriptInvocation};
 use tokio::sync::{Notify, watch};
 
 use super::scripts;
@@ -102,7 +102,7 @@ fn unescape(escaped: &str) -> Option<String> {
 
 /// The part of `key` Redis Cluster hashes when it has a hash tag: the text between the first `{`
 /// and the next `}`, when not empty.
-fn hash_tag(key: &str) -> Option<&str> {
+pub(super) fn hash_tag(key: &str) -> Option<&str> {
     let open = key.find('{')?;
     let len = key[open + 1..].find('}')?;
     (len > 0).then(|| &key[open + 1..open + 1 + len])
@@ -127,11 +127,8 @@ fn escape(name: &str) -> Cow<'_, str> {
 /// One Redis node: a multiplexed, reconnecting connection shared by every lock, and a lazily
 /// started second connection (RESP3, resubscribing after reconnects) for release notifications.
 pub(crate) struct RedisNode {
-    addr: String,
-    prefix: String,
+    calls: Calls,
     conn: ConnectionManager,
-    /// Bound on one request, connection set-up included.
-    deadline: Duration,
     subs: Arc<Subscriptions>,
 }
 
@@ -145,7 +142,7 @@ impl Drop for RedisNode {
 impl std::fmt::Debug for RedisNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisNode")
-            .field("node", &self.addr)
+            .field("node", &self.calls.addr)
             .finish()
     }
 }
@@ -174,26 +171,67 @@ impl RedisNode {
                 .set_protocol(redis::ProtocolVersion::RESP3),
         );
         let notify_client = redis::Client::open(resp3).map_err(invalid)?;
+        let (connect_timeout, response_timeout) =
+            (settings.connect_timeout, settings.response_timeout);
+        let open: OpenPubSub = Box::new(move |on_push| {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(response_timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(connect_timeout)
+                .set_push_sender(move |push| on_push(push))
+                .set_automatic_resubscription();
+            let conn = ConnectionManager::new_lazy_with_config(notify_client.clone(), config);
+            Box::pin(async move { conn.map(|c| Box::new(c) as Box<dyn PubSub>) })
+        });
         Ok(RedisNode {
-            addr: addr.name.clone(),
-            prefix: settings.key_prefix.clone(),
+            calls: Calls::new(addr.name.clone(), settings, "PUBLISH"),
             conn,
+            subs: Subscriptions::new(open, wakers, settings),
+        })
+    }
+}
+
+/// The `WAIT` after every grant and renewal (`min_replicas`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MinReplicas {
+    pub(crate) count: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// The script calls on one Redis master, over any connection that reaches it: a connection
+/// manager, or a cluster connection (which sends each call to the master of its keys' slot; the
+/// keys of one call then share a slot).
+pub(crate) struct Calls {
+    /// Named in failures.
+    pub(crate) addr: String,
+    prefix: String,
+    /// Bound on one request, connection set-up included.
+    deadline: Duration,
+    /// How a release announces itself: `PUBLISH`, or `SPUBLISH` on a cluster.
+    publish: &'static str,
+    /// Replicas that must acknowledge each grant and renewal.
+    replicas: Option<MinReplicas>,
+}
+
+impl Calls {
+    pub(crate) fn new(addr: String, settings: &Settings, publish: &'static str) -> Self {
+        Calls {
+            addr,
+            prefix: settings.key_prefix.clone(),
             deadline: settings
                 .connect_timeout
                 .saturating_add(settings.response_timeout),
-            subs: Arc::new(Subscriptions {
-                table: Mutex::new(HashMap::new()),
-                kick: Notify::new(),
-                started: OnceLock::new(),
-                client: notify_client,
-                wakers,
-                connect_timeout: settings.connect_timeout,
-                response_timeout: settings.response_timeout,
+            publish,
+            replicas: settings.min_replicas.map(|count| MinReplicas {
+                count,
+                // Within the request's own bound.
+                timeout: settings.response_timeout / 2,
             }),
-        })
+        }
     }
 
-    fn keys(&self, name: &str) -> [String; 3] {
+    pub(crate) fn keys(&self, name: &str) -> [String; 3] {
         redis_keys(&self.prefix, name)
     }
 
@@ -209,7 +247,62 @@ impl RedisNode {
         }
     }
 
-    async fn extend_chunk(&self, chunk: &[ExtendItem<'_>]) -> Vec<ExtendOutcome> {
+    /// Runs `invocation` and, with `min_replicas`, `WAIT` behind it in one pipeline on the same
+    /// connection: the replica count then covers this script's writes. Reloads the script once
+    /// if the server lost it.
+    async fn invoke<C: Conn, T: FromRedisValue>(
+        &self,
+        conn: &C,
+        what: &str,
+        script: &Script,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<(T, Option<u32>), NodeFailure> {
+        let mut conn = conn.clone();
+        let Some(replicas) = self.replicas else {
+            let value = self
+                .bounded(what, invocation.invoke_async(&mut conn))
+                .await?;
+            return Ok((value, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replicas.count)
+            .arg(millis(replicas.timeout));
+        let mut reply = self
+            .bounded(what, pipe.query_async::<(T, u32)>(&mut conn))
+            .await;
+        // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
+        let lost_script = |f: &NodeFailure| {
+            f.kind == crate::error::FailureKind::Response
+                && (f.detail.contains("NOSCRIPT") || f.detail.contains("NoScript"))
+        };
+        if reply.as_ref().is_err_and(lost_script) {
+            self.bounded("script load", script.load_async(&mut conn))
+                .await?;
+            reply = self.bounded(what, pipe.query_async(&mut conn)).await;
+        }
+        reply.map(|(value, acks)| (value, Some(acks)))
+    }
+
+    /// A failure saying that fewer than `min_replicas` replicas acknowledged `what`.
+    fn too_few_replicas(&self, what: &str, acks: u32) -> NodeFailure {
+        let (count, timeout) = self
+            .replicas
+            .map_or((0, Duration::ZERO), |r| (r.count, r.timeout));
+        NodeFailure::replication(
+            &self.addr,
+            &format!(
+                "{what}: {acks} of min_replicas {count} replicas acknowledged it within {timeout:?}"
+            ),
+        )
+    }
+
+    pub(crate) async fn extend_chunk<C: Conn>(
+        &self,
+        conn: &C,
+        chunk: &[ExtendItem<'_>],
+    ) -> Vec<ExtendOutcome> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for item in chunk {
@@ -221,7 +314,12 @@ impl RedisNode {
             invocation.arg(item.token.as_str()).arg(millis(item.ttl));
             pipe.invoke_script(&invocation);
         }
-        let mut conn = self.conn.clone();
+        if let Some(replicas) = self.replicas {
+            pipe.cmd("WAIT")
+                .arg(replicas.count)
+                .arg(millis(replicas.timeout));
+        }
+        let mut conn = conn.clone();
         let mut replies = self
             .bounded(
                 "extend",
@@ -247,11 +345,27 @@ impl RedisNode {
                 Err(failure) => Err(failure),
             };
         }
+        // With `min_replicas`, the last reply is WAIT's count: too few acknowledgements turn
+        // every extension of the chunk into a failed (retried) one.
+        let short = match (&mut replies, self.replicas) {
+            (Ok(items), Some(replicas)) if items.len() == chunk.len() + 1 => match items.pop() {
+                Some(Ok(acks)) if acks >= i64::from(replicas.count) => None,
+                Some(Ok(acks)) => {
+                    Some(self.too_few_replicas("renewal", u32::try_from(acks).unwrap_or(0)))
+                }
+                Some(Err(err)) => Some(NodeFailure::from_redis(&self.addr, &err)),
+                None => None,
+            },
+            _ => None,
+        };
         match replies {
             Ok(items) if items.len() == chunk.len() => items
                 .into_iter()
                 .map(|reply| match reply {
-                    Ok(1) => ExtendOutcome::Extended,
+                    Ok(1) => match &short {
+                        Some(failure) => ExtendOutcome::Failed(failure.clone()),
+                        None => ExtendOutcome::Extended,
+                    },
                     Ok(n) => ExtendOutcome::NotOwned {
                         index: usize::try_from(-n - 1).unwrap_or(0),
                     },
@@ -271,43 +385,175 @@ impl RedisNode {
                 .collect(),
         }
     }
+
+    pub(crate) async fn extend_many<C: Conn>(
+        &self,
+        conn: &C,
+        items: &[ExtendItem<'_>],
+    ) -> Vec<ExtendOutcome> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(EXTEND_CHUNK) {
+            out.extend(self.extend_chunk(conn, chunk).await);
+        }
+        out
+    }
+
+    pub(crate) async fn inspect<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+    ) -> Result<Option<NodeView>, NodeFailure> {
+        let [lock, fence, _] = self.keys(name);
+        let mut pipe = redis::pipe();
+        pipe.cmd("PTTL").arg(lock).cmd("GET").arg(fence);
+        let mut conn = conn.clone();
+        let (pttl, fence): (i64, Option<String>) =
+            self.bounded("inspect", pipe.query_async(&mut conn)).await?;
+        // -2: no such key.
+        Ok((pttl != -2).then(|| NodeView {
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            fence: fence.and_then(|f| f.parse().ok()),
+        }))
+    }
+
+    pub(crate) async fn force_release<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+    ) -> Result<bool, NodeFailure> {
+        let [lock, _, channel] = self.keys(name);
+        let mut invocation = scripts::FORCE_RELEASE.prepare_invoke();
+        invocation.key(lock).arg(self.publish).arg(channel);
+        let mut conn = conn.clone();
+        let deleted: i64 = self
+            .bounded("force release", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    pub(crate) async fn acquire<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<Attempt, NodeFailure> {
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        let mut fences = Vec::with_capacity(names.len());
+        for name in names {
+            let [lock, fence, _] = self.keys(name);
+            invocation.key(lock);
+            fences.push(fence);
+        }
+        for fence in fences {
+            invocation.key(fence);
+        }
+        invocation
+            .arg(token.as_str())
+            .arg(millis(ttl))
+            .arg(if fencing { "1" } else { "0" });
+        let (reply, acks): (Vec<i64>, _) = self
+            .invoke(conn, "acquire", &scripts::ACQUIRE, &invocation)
+            .await?;
+        match reply.as_slice() {
+            [1, fences @ ..] if fences.len() == names.len() => {
+                if let (Some(acks), Some(replicas)) = (acks, self.replicas) {
+                    if acks < replicas.count {
+                        // Not a grant until replicated: withdraw it (nobody waits for a lock
+                        // that never was).
+                        let short = self.too_few_replicas("grant", acks);
+                        return match self.release(conn, names, token, false).await {
+                            Ok(_) => Err(short),
+                            Err(failure) => Err(NodeFailure {
+                                detail: format!("{}; withdrawing it failed too", short.detail),
+                                ..failure
+                            }),
+                        };
+                    }
+                }
+                Ok(Attempt::Acquired {
+                    fences: if fencing {
+                        fences
+                            .iter()
+                            .map(|f| u64::try_from(*f).unwrap_or(0))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                })
+            }
+            [0, index, pttl] => Ok(Attempt::Held {
+                index: usize::try_from(*index - 1).unwrap_or(0),
+                // -1: the key has no expiry (set by someone else without one); wait by backoff.
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            _ => Err(NodeFailure::response(
+                &self.addr,
+                "acquire: unexpected reply",
+            )),
+        }
+    }
+
+    pub(crate) async fn release<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        wake: bool,
+    ) -> Result<bool, NodeFailure> {
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.arg(token.as_str()).arg(self.publish);
+        for name in names {
+            let [lock, _, channel] = self.keys(name);
+            invocation
+                .key(lock)
+                .arg(if wake { channel } else { String::new() });
+        }
+        let mut conn = conn.clone();
+        let deleted: i64 = self
+            .bounded("release", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(usize::try_from(deleted) == Ok(names.len()))
+    }
+
+    pub(crate) async fn raise_fences<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        fences: &[u64],
+    ) -> Result<(), NodeFailure> {
+        let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
+        for (name, fence) in names.iter().zip(fences) {
+            let [_, fence_key, _] = self.keys(name);
+            invocation.key(fence_key).arg(*fence);
+        }
+        let mut conn = conn.clone();
+        self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
+            .await
+            .map(drop)
+    }
 }
+
+/// A connection [`Calls`] can use.
+pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<T: ConnectionLike + Clone + Send + Sync + 'static> Conn for T {}
 
 impl Node for RedisNode {
     fn addr(&self) -> &str {
-        &self.addr
+        &self.calls.addr
     }
 
     fn inspect<'a>(
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
-        Box::pin(async move {
-            let [lock, fence, _] = self.keys(name);
-            let mut pipe = redis::pipe();
-            pipe.cmd("PTTL").arg(lock).cmd("GET").arg(fence);
-            let mut conn = self.conn.clone();
-            let (pttl, fence): (i64, Option<String>) =
-                self.bounded("inspect", pipe.query_async(&mut conn)).await?;
-            // -2: no such key.
-            Ok((pttl != -2).then(|| NodeView {
-                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-                fence: fence.and_then(|f| f.parse().ok()),
-            }))
-        })
+        Box::pin(self.calls.inspect(&self.conn, name))
     }
 
     fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(async move {
-            let [lock, _, channel] = self.keys(name);
-            let mut invocation = scripts::FORCE_RELEASE.prepare_invoke();
-            invocation.key(lock).arg(channel);
-            let mut conn = self.conn.clone();
-            let deleted: i64 = self
-                .bounded("force release", invocation.invoke_async(&mut conn))
-                .await?;
-            Ok(deleted == 1)
-        })
+        Box::pin(self.calls.force_release(&self.conn, name))
     }
 
     fn acquire<'a>(
@@ -317,57 +563,11 @@ impl Node for RedisNode {
         ttl: Duration,
         fencing: bool,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(async move {
-            let mut invocation = scripts::ACQUIRE.prepare_invoke();
-            let mut fences = Vec::with_capacity(names.len());
-            for name in names {
-                let [lock, fence, _] = self.keys(name);
-                invocation.key(lock);
-                fences.push(fence);
-            }
-            for fence in fences {
-                invocation.key(fence);
-            }
-            invocation
-                .arg(token.as_str())
-                .arg(millis(ttl))
-                .arg(if fencing { "1" } else { "0" });
-            let mut conn = self.conn.clone();
-            let reply: Vec<i64> = self
-                .bounded("acquire", invocation.invoke_async(&mut conn))
-                .await?;
-            match reply.as_slice() {
-                [1, fences @ ..] if fences.len() == names.len() => Ok(Attempt::Acquired {
-                    fences: if fencing {
-                        fences
-                            .iter()
-                            .map(|f| u64::try_from(*f).unwrap_or(0))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
-                }),
-                [0, index, pttl] => Ok(Attempt::Held {
-                    index: usize::try_from(*index - 1).unwrap_or(0),
-                    // -1: the key has no expiry (set by someone else without one); wait by backoff.
-                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                }),
-                _ => Err(NodeFailure::response(
-                    &self.addr,
-                    "acquire: unexpected reply",
-                )),
-            }
-        })
+        Box::pin(self.calls.acquire(&self.conn, names, token, ttl, fencing))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
-        Box::pin(async move {
-            let mut out = Vec::with_capacity(items.len());
-            for chunk in items.chunks(EXTEND_CHUNK) {
-                out.extend(self.extend_chunk(chunk).await);
-            }
-            out
-        })
+        Box::pin(self.calls.extend_many(&self.conn, items))
     }
 
     fn release<'a>(
@@ -376,21 +576,7 @@ impl Node for RedisNode {
         token: &'a Token,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(async move {
-            let mut invocation = scripts::RELEASE.prepare_invoke();
-            invocation.arg(token.as_str());
-            for name in names {
-                let [lock, _, channel] = self.keys(name);
-                invocation
-                    .key(lock)
-                    .arg(if wake { channel } else { String::new() });
-            }
-            let mut conn = self.conn.clone();
-            let deleted: i64 = self
-                .bounded("release", invocation.invoke_async(&mut conn))
-                .await?;
-            Ok(usize::try_from(deleted) == Ok(names.len()))
-        })
+        Box::pin(self.calls.release(&self.conn, names, token, wake))
     }
 
     fn raise_fences<'a>(
@@ -398,52 +584,38 @@ impl Node for RedisNode {
         names: &'a [Arc<str>],
         fences: &'a [u64],
     ) -> BoxFuture<'a, Result<(), NodeFailure>> {
-        Box::pin(async move {
-            let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
-            for (name, fence) in names.iter().zip(fences) {
-                let [_, fence_key, _] = self.keys(name);
-                invocation.key(fence_key).arg(*fence);
-            }
-            let mut conn = self.conn.clone();
-            self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
-                .await
-                .map(drop)
-        })
+        Box::pin(self.calls.raise_fences(&self.conn, names, fences))
     }
 
     fn watch(&self, name: &str) -> Subscription {
-        let [_, _, channel] = self.keys(name);
-        let confirmed = {
-            let mut table = self.subs.table();
-            let entry = table.entry(channel.clone()).or_insert_with(|| Entry {
-                name: name.into(),
-                waiters: 0,
-                confirmed: watch::channel(None).0,
-            });
-            entry.waiters += 1;
-            if *entry.confirmed.borrow() == Some(false) {
-                // The last try failed: this waiter waits for the next one.
-                entry.confirmed.send_replace(None);
-            }
-            entry.confirmed.subscribe()
-        };
-        self.subs.start();
-        self.subs.kick.notify_one();
-        let mut confirmed = confirmed;
-        Subscription {
-            confirmed: Box::pin(async move {
-                match confirmed.wait_for(Option::is_some).await {
-                    Ok(value) => value.unwrap_or(false),
-                    Err(_) => false,
-                }
-            }),
-            keep: Some(Box::new(Unwatch {
-                subs: Arc::clone(&self.subs),
-                channel,
-            })),
-        }
+        let [_, _, channel] = self.calls.keys(name);
+        self.subs.watch(name, channel)
     }
 }
+
+/// A pub/sub connection: plain channels on one node, sharded channels on a cluster.
+pub(crate) trait PubSub: Send + 'static {
+    fn subscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>>;
+    fn unsubscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>>;
+}
+
+impl PubSub for ConnectionManager {
+    fn subscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ConnectionManager::subscribe(self, channels))
+    }
+
+    fn unsubscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ConnectionManager::unsubscribe(self, channels))
+    }
+}
+
+/// Where pushes (messages, disconnections) of the notification connection go.
+pub(crate) type PushFn =
+    Arc<dyn Fn(redis::PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync>;
+
+/// Opens the notification connection (lazily connecting, resubscribing after reconnects).
+pub(crate) type OpenPubSub =
+    Box<dyn Fn(PushFn) -> BoxFuture<'static, RedisResult<Box<dyn PubSub>>> + Send + Sync>;
 
 /// The release channels this node's waiters listen on, and the task that keeps the notification
 /// connection subscribed to exactly those.
@@ -452,11 +624,11 @@ impl Node for RedisNode {
 /// subscribe of the same channel) and in batches: a frozen or dead node costs one request timeout
 /// per round, whatever the number of waiters, and no waiter ever waits for it (waiters only
 /// learn, through `confirmed`, when their releases can no longer be missed).
-struct Subscriptions {
+pub(crate) struct Subscriptions {
     table: Mutex<HashMap<String, Entry>>,
     kick: Notify,
     started: OnceLock<()>,
-    client: redis::Client,
+    open: OpenPubSub,
     wakers: Arc<WakeRegistry>,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -470,6 +642,60 @@ struct Entry {
 }
 
 impl Subscriptions {
+    pub(crate) fn new(
+        open: OpenPubSub,
+        wakers: Arc<WakeRegistry>,
+        settings: &Settings,
+    ) -> Arc<Self> {
+        Arc::new(Subscriptions {
+            table: Mutex::new(HashMap::new()),
+            kick: Notify::new(),
+            started: OnceLock::new(),
+            open,
+            wakers,
+            connect_timeout: settings.connect_timeout,
+            response_timeout: settings.response_timeout,
+        })
+    }
+
+    /// A waiter's interest in `channel`, the release channel of the lock `name`.
+    pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
+        let confirmed = {
+            let mut table = self.table();
+            let entry = table.entry(channel.clone()).or_insert_with(|| Entry {
+                name: name.into(),
+                waiters: 0,
+                confirmed: watch::channel(None).0,
+            });
+            entry.waiters += 1;
+            if *entry.confirmed.borrow() == Some(false) {
+                // The last try failed: this waiter waits for the next one.
+                entry.confirmed.send_replace(None);
+            }
+            entry.confirmed.subscribe()
+        };
+        self.start();
+        self.kick.notify_one();
+        let mut confirmed = confirmed;
+        Subscription {
+            confirmed: Box::pin(async move {
+                match confirmed.wait_for(Option::is_some).await {
+                    Ok(value) => value.unwrap_or(false),
+                    Err(_) => false,
+                }
+            }),
+            keep: Some(Box::new(Unwatch {
+                subs: Arc::clone(self),
+                channel,
+            })),
+        }
+    }
+
+    /// Lets the notification task notice that its node is gone.
+    pub(crate) fn node_dropped(&self) {
+        self.kick.notify_one();
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -489,7 +715,7 @@ impl Subscriptions {
                 return Ok(());
             };
             match push.kind {
-                PushKind::Message => {
+                PushKind::Message | PushKind::SMessage => {
                     if let Some(redis::Value::BulkString(channel)) = push.data.first() {
                         let name = std::str::from_utf8(channel)
                             .ok()
@@ -505,15 +731,7 @@ impl Subscriptions {
             }
             Ok::<(), redis::aio::SendError>(())
         };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(self.connect_timeout)
-            .set_push_sender(on_push)
-            .set_automatic_resubscription();
-        let conn = ConnectionManager::new_lazy_with_config(self.client.clone(), config);
-        let mut conn = match conn {
+        let mut conn = match (self.open)(Arc::new(on_push)).await {
             Ok(conn) => conn,
             Err(err) => {
                 tracing::warn!(%err, "release notifications unavailable; waiters rely on backoff");

@@ -84,11 +84,13 @@ return 1
     )
 });
 
-/// KEYS: the lock keys. ARGV: token, then one release channel per key (all empty: wake nobody).
+/// KEYS: the lock keys. ARGV: token, the publish command (`PUBLISH`, or `SPUBLISH` on a
+/// cluster), then one release channel per key (all empty: wake nobody).
 /// Deletes each key that is ours (a key of another type is not ours) and wakes the waiters
 /// subscribed to its channel. Returns how many keys were ours. Without channels it withdraws the
 /// grants of a Redlock attempt that did not win a quorum: they never were a lock, so nobody is
-/// woken.
+/// woken. A failed publish (a server without sharded pub/sub) never fails the release: waiters
+/// then rely on their backoff.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -97,7 +99,7 @@ for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
-    if ARGV[i + 1] ~= '' then redis.call('PUBLISH', ARGV[i + 1], '') end
+    if ARGV[i + 2] ~= '' then redis.pcall(ARGV[2], ARGV[i + 2], '') end
   end
 end
 return deleted
@@ -121,13 +123,14 @@ return 1
     )
 });
 
-/// KEYS: lock. ARGV: release channel. Deletes the lock whoever holds it (an operator's forced
-/// release) and wakes its waiters. Returns 1 when it was held.
+/// KEYS: lock. ARGV: the publish command (as for [`RELEASE`]), release channel. Deletes the
+/// lock whoever holds it (an operator's forced release) and wakes its waiters. Returns 1 when it
+/// was held.
 pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], '')
+  redis.pcall(ARGV[1], ARGV[2], '')
   return 1
 end
 return 0

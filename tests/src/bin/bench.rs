@@ -4,11 +4,11 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held,etcd]
+//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology]
 //!     [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
 //!
-//! Section 7 (`etcd`) needs the `etcd` feature too: `--features bench,etcd`.
+//! Section 7 includes etcd with the `etcd` feature too: `--features bench,etcd`.
 //!
 //! Without `--url` it starts its own `redis-server` (and stops it at the end). The Redlock section
 //! always starts five local servers of its own, since it freezes one of them. Each section prints
@@ -41,10 +41,11 @@
 //!    client with ttl 30 s, held for two renewal rounds, released: how long taking and releasing
 //!    them took, client memory per held lock (RSS), and the CPU renewal costs the client and
 //!    redis-server while they are held, as a share of one core. Nothing may be lost.
-//! 7. With the `etcd` feature, backends side by side in the same run: uncontended pairs/s with 1
-//!    task and N tasks (U1, U16), and the async hand-off p50/p99 of section 2, on Redis single,
-//!    Redlock over three masters, etcd with one member and etcd with three members (each started
-//!    here).
+//! 7. Only with `--only topology`: the same client on one node, on Redlock over three masters, on a
+//!    Redis Cluster (3 masters + 3 replicas, started here), on a Sentinel set (master, replica, 3
+//!    sentinels, started here), on both with `min_replicas(1)`, and with the `etcd` feature on etcd
+//!    with one and with three members (started here), in one run: uncontended pairs/s with 1 task
+//!    and `--tasks` tasks, and the async hand-off of section 2.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -128,7 +129,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held,etcd] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -233,9 +234,8 @@ fn main() -> Res<()> {
         runtime.block_on(section_held(&opts, &url, &mut out))?;
         flush(&mut out);
     }
-    #[cfg(feature = "etcd")]
-    if opts.runs("etcd") {
-        runtime.block_on(section_etcd(&opts, &url, &mut out, &mut summary))?;
+    if opts.named("topology") {
+        runtime.block_on(section_topology(&opts, &url, &mut out, &mut summary))?;
         flush(&mut out);
     }
     drop(own_server);
@@ -773,58 +773,88 @@ async fn section_handoff(
 }
 
 // ---------------------------------------------------------------------------------------------
-// 7. Backends side by side
+// 7. Backends and topologies
 
-#[cfg(feature = "etcd")]
-async fn section_etcd(
+async fn section_topology(
     opts: &Opts,
     url: &str,
     out: &mut String,
     summary: &mut Vec<String>,
 ) -> Res<()> {
-    use lock_tests::EtcdCluster;
+    let (cluster, sentinels, masters) = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let sentinels = scope.spawn(lock_tests::SentinelSet::start);
+            let masters = scope.spawn(|| RedisMasters::start(3));
+            let cluster = lock_tests::RedisCluster::start();
+            (cluster, sentinels.join(), masters.join())
+        })
+    });
+    let sentinels = sentinels.map_err(|_| "the sentinel set did not start")?;
+    let masters = masters.map_err(|_| "the Redlock masters did not start")?;
+    let sentinel = || {
+        LockConfig::sentinel(
+            lock_tests::SentinelSet::MASTER_NAME,
+            sentinels.sentinel_urls(),
+        )
+    };
+    #[allow(unused_mut, reason = "etcd joins with its feature")]
+    let mut setups = vec![
+        ("single node", LockConfig::single(url)),
+        ("redlock, 3 masters", LockConfig::redlock(masters.urls())),
+        ("cluster", LockConfig::cluster(cluster.urls())),
+        (
+            "cluster min_replicas(1)",
+            LockConfig::cluster(cluster.urls()).min_replicas(1),
+        ),
+        ("sentinel", sentinel()),
+        ("sentinel min_replicas(1)", sentinel().min_replicas(1)),
+    ];
+    #[cfg(feature = "etcd")]
+    let etcd = tokio::task::block_in_place(|| {
+        (
+            lock_tests::EtcdCluster::start(1),
+            lock_tests::EtcdCluster::start(3),
+        )
+    });
+    #[cfg(feature = "etcd")]
+    {
+        setups.push(("etcd, 1 member", LockConfig::etcd(etcd.0.endpoints())));
+        setups.push(("etcd, 3 members", LockConfig::etcd(etcd.1.endpoints())));
+    }
     let _ = writeln!(
         out,
-        "\n7. Backends side by side: uncontended pairs/s (1 and {} tasks), hand-off with {} waiters",
+        "\n7. Backends and topologies, same run: uncontended pairs/s (1 task, {} tasks on distinct \
+         keys) and async hand-off ({} waiters)",
         opts.tasks, opts.waiters
     );
     let _ = writeln!(
         out,
-        "   {:<28}  {:>10}  {:>10}  {:>10}  {:>10}",
-        "backend", "U1 pairs/s", "U16 pairs/s", "hand p50", "hand p99"
+        "   {:<26} {:>10} {:>10} {:>10} {:>10}",
+        "setup", "U1/s", "U16/s", "hand p50", "hand p99"
     );
-    let masters = tokio::task::block_in_place(|| RedisMasters::start(3));
-    let (one, three) =
-        tokio::task::block_in_place(|| (EtcdCluster::start(1), EtcdCluster::start(3)));
-    let backends = [
-        ("redis single", LockConfig::single(url)),
-        ("redlock, 3 masters", LockConfig::redlock(masters.urls())),
-        ("etcd, 1 member", LockConfig::etcd(one.endpoints())),
-        ("etcd, 3 members", LockConfig::etcd(three.endpoints())),
-    ];
-    for (name, config) in backends {
+    for (name, config) in setups {
         let client = LockClient::new(opts.config(config))?;
         let locker = Locker::Crate(client.clone());
-        let u1 = pairs_per_sec(&locker, 1, opts).await?;
-        let un = pairs_per_sec(&locker, opts.tasks, opts).await?;
+        let one = pairs_per_sec(&locker, 1, opts).await?;
+        let many = pairs_per_sec(&locker, opts.tasks, opts).await?;
         let hand = Stats::of(handoff_async(&client, opts).await?);
         let _ = writeln!(
             out,
-            "   {name:<28}  {:>10.0}  {:>11.0}  {:>10}  {:>10}",
-            u1.per_sec,
-            un.per_sec,
+            "   {name:<26} {:>10.0} {:>10.0} {:>10} {:>10}",
+            one.per_sec,
+            many.per_sec,
             ms(hand.p50),
             ms(hand.p99)
         );
-        flush(out);
         summary.push(format!(
-            "{name}: U1 {:.0}/s, U{} {:.0}/s, hand-off p50 {} p99 {}",
-            u1.per_sec,
+            "{name}: U1 {:.0}/s U{} {:.0}/s hand-off p50 {} p99 {}",
+            one.per_sec,
             opts.tasks,
-            un.per_sec,
+            many.per_sec,
             ms(hand.p50),
             ms(hand.p99)
         ));
+        flush(out);
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Test helper for `tests/transfers.rs`: money transfers between wallets, each under one lock over
 //! both wallets, taken with the programmatic API (`Lock::many([from, to]).run(..)`, global client).
 //!
-//! Usage: `transfer_worker <single|redlock> <lock-urls,comma-separated> <data-url> <data-prefix>
+//! Usage: `transfer_worker <single|redlock|cluster> <lock-urls,comma-separated> <data-url> <data-prefix>
 //! <wallets> <tasks> <secs> <up|down>`.
 //!
 //! `tasks` tasks loop for `secs` seconds. Iteration `i` of task `t` picks two different wallets
@@ -120,6 +120,7 @@ fn parse_args() -> Option<Args> {
     let config = match mode.as_str() {
         "single" => LockConfig::single(*urls.first()?),
         "redlock" => LockConfig::redlock(urls).fencing(true),
+        "cluster" => LockConfig::cluster(urls),
         _ => return None,
     };
     let wallets: u64 = wallets.parse().ok()?;

@@ -1,9 +1,12 @@
 //! Processes and sockets the integration tests run against.
 
+pub(crate) mod cluster;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod levers;
 pub(crate) mod proxy;
+pub(crate) mod sentinel;
 pub(crate) mod server;
+pub(crate) mod store;
 pub(crate) mod util;
 pub(crate) mod worker;

@@ -45,6 +45,9 @@ pub struct ServerOptions {
     pub appendonly: bool,
     /// Appended to the command line, e.g. `["--maxclients", "64"]`.
     pub extra_args: Vec<String>,
+    /// Other lines for the config file, e.g. `sentinel monitor ...` (the file stays writable:
+    /// Sentinel and Cluster rewrite their own state into it).
+    pub config_lines: Vec<String>,
 }
 
 /// One `redis-server` process bound to 127.0.0.1 with its own temporary directory (config, log, data).
@@ -244,6 +247,24 @@ impl RedisServer {
         }
     }
 
+    /// The server's own temporary directory (config, log, data).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Whether the process is running (not stopped by [`stop`](Self::stop)).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `INFO <section>` as admin.
+    pub fn info(&self, section: &str) -> String {
+        redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("INFO {section} on port {} failed: {e}", self.port))
+    }
+
     /// Pid of the current process (of the last one, once stopped).
     pub fn pid(&self) -> u32 {
         self.pid
@@ -348,8 +369,8 @@ fn write_config(dir: &Path, opts: &ServerOptions) {
         let quoted = pass.replace('\\', "\\\\").replace('"', "\\\"");
         let _ = writeln!(config, "requirepass \"{quoted}\"");
     }
-    for rule in &opts.acl_rules {
-        let _ = writeln!(config, "{rule}");
+    for line in opts.acl_rules.iter().chain(&opts.config_lines) {
+        let _ = writeln!(config, "{line}");
     }
     fs::write(dir.join(CONFIG_FILE), config).expect("write redis.conf");
 }

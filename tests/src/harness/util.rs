@@ -100,3 +100,30 @@ pub(crate) fn poll_until<T>(
         thread::sleep(every.min(deadline - now));
     }
 }
+
+/// Kills `pids` (SIGKILL) and removes `dirs` once this process has exited: for servers shared
+/// by a whole test binary behind a `static`, which is never dropped. A `sh` watchdog polls this
+/// process every 200ms (for at most 4 hours).
+pub(crate) fn reap_after_exit(pids: &[u32], dirs: &[&std::path::Path]) {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let dirs: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("'{}'", d.display().to_string().replace('\'', "'\\''")))
+        .collect();
+    let script = format!(
+        "i=0; while [ $i -lt 72000 ] && kill -0 {me} 2>/dev/null; do sleep 0.2; i=$((i+1)); done; \
+         kill -9 {pids} 2>/dev/null; sleep 0.2; rm -rf {dirs}",
+        me = std::process::id(),
+        pids = pids.join(" "),
+        dirs = dirs.join(" "),
+    );
+    // Never waited for: it must outlive this process.
+    #[allow(clippy::zombie_processes)]
+    std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the reaper of shared servers");
+}

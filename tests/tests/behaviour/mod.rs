@@ -13,21 +13,24 @@ use std::time::{Duration, Instant};
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
 #[cfg(feature = "etcd")]
 use lock_tests::etcd_key;
-use lock_tests::{RedisServer, bounded, lock_keys, unique_key, wait_until, wait_until_async};
+use lock_tests::{
+    LockStore, RedisServer, bounded, lock_keys, unique_key, wait_until, wait_until_async,
+};
 
 /// Between two attempts a waiter sleeps at least half of this (jitter 0.5), unless a release
 /// wakes it: long, so that a hand-off within a second can only be a wake-up.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// Two clients on one backend (two "processes" for Redis; one client, cloned, in memory, where
-/// clients share nothing) and the Redis nodes behind them, if any.
+/// clients share nothing) and the Redis stores behind them, if any: one per node (one, or the
+/// Redlock masters), or one for a whole Cluster or Sentinel set (a lock lives on one master).
 pub(crate) struct Fx {
     pub(crate) a: LockClient,
     pub(crate) b: LockClient,
     /// What `a` and `b` were made from, for a check that needs a client of its own.
     config: LockConfig,
-    /// None in memory, one node, or the Redlock masters.
-    pub(crate) nodes: Vec<RedisServer>,
+    /// None in memory, one node, the Redlock masters, or one shared topology.
+    pub(crate) nodes: Vec<Box<dyn LockStore>>,
     /// On etcd: the cluster (one logical node), and the proxy both clients talk through (it
     /// counts their requests).
     #[cfg(feature = "etcd")]
@@ -38,14 +41,20 @@ impl Fx {
     /// `config` with [`RETRY_DELAY`]. In memory (no `nodes`), it must be hosted on the test's
     /// runtime: a waiter's first poll then runs its attempts in place, which is how
     /// [`start_waiter`](Self::start_waiter) knows it waits.
-    #[cfg_attr(
-        feature = "etcd",
-        allow(
-            dead_code,
-            reason = "the etcd test binary builds its fixture with `Fx::etcd`"
-        )
+    #[allow(
+        dead_code,
+        reason = "the shared topologies' fixtures use `on`, the etcd ones `Fx::etcd`"
     )]
     pub(crate) fn new(config: LockConfig, nodes: Vec<RedisServer>) -> Fx {
+        let stores = nodes
+            .into_iter()
+            .map(|n| Box::new(n) as Box<dyn LockStore>)
+            .collect();
+        Self::on(config, stores)
+    }
+
+    /// [`new`](Self::new) over stores of any topology.
+    pub(crate) fn on(config: LockConfig, nodes: Vec<Box<dyn LockStore>>) -> Fx {
         let config = config.retry_delay(RETRY_DELAY);
         let a = LockClient::new(config.clone()).unwrap();
         let b = if nodes.is_empty() {
@@ -1036,6 +1045,22 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
     assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
 }
 
+/// Checks that count the commands the servers ran: on a store shared by a whole test binary
+/// (Cluster, Sentinel) they run alone.
+const COUNTING: [&str; 1] = ["reentrant_nested_calls_join"];
+
+static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A check's turn on the servers of this test binary: alone for [`COUNTING`] checks, beside the
+/// others otherwise.
+pub(crate) async fn turn(check: &str) -> Box<dyn Send + Sync> {
+    if COUNTING.contains(&check) {
+        Box::new(TURNS.write().await)
+    } else {
+        Box::new(TURNS.read().await)
+    }
+}
+
 /// One `#[tokio::test]` per check, each with a fresh `$fixture`. The only list of the checks.
 #[macro_export]
 macro_rules! behaviour_tests {
@@ -1056,6 +1081,7 @@ macro_rules! behaviour_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
+                let _turn = behaviour::turn(stringify!($name)).await;
                 let fx = $fixture;
                 behaviour::$name(&fx).await;
             }

@@ -1,0 +1,355 @@
+//! A master behind Redis Sentinel: one [`RedisNode`] for the master the sentinels name, replaced
+//! when they name another one.
+//!
+//! The master is looked up again (all sentinels at once, the address most of them name wins)
+//! before the first call after a failure a failover explains (no connection, a broken one, no
+//! answer in time, or `READONLY`: the node was demoted), and at least every [`RECHECK`] while
+//! calls are made (a demoted master can keep answering for a while before the sentinels
+//! reconfigure it). A failover is therefore followed within the sentinels' own failover time
+//! plus [`RECHECK`] plus one lookup and one request. Waiters subscribed on the old master are
+//! woken to retry at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
+
+use super::redis::RedisNode;
+use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use crate::config::{NodeAddr, Settings};
+use crate::error::{FailureKind, LockError, NodeFailure};
+use crate::wait::WakeRegistry;
+
+pub(crate) struct SentinelNode {
+    /// `sentinel(<master name>)`.
+    label: String,
+    master_name: String,
+    /// The sentinels' addresses, without credentials.
+    sentinels: Vec<ConnectionInfo>,
+    /// The first URL: scheme, credentials and database for the master.
+    master_template: ConnectionInfo,
+    settings: Settings,
+    wakers: Arc<WakeRegistry>,
+    current: Mutex<Current>,
+    /// One lookup at a time; callers that waited for one use its result.
+    lookup: tokio::sync::Mutex<()>,
+}
+
+/// How long a master the sentinels named is used without asking them again.
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Current {
+    node: Option<Arc<RedisNode>>,
+    /// A call failed as a failover would make it fail: look the master up before the next call.
+    suspect: bool,
+    /// When the sentinels were last asked.
+    checked: Option<Instant>,
+}
+
+impl std::fmt::Debug for SentinelNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelNode")
+            .field("master", &self.label)
+            .finish()
+    }
+}
+
+impl SentinelNode {
+    pub(crate) fn new(
+        master_name: &str,
+        sentinels: &[NodeAddr],
+        settings: &Settings,
+        wakers: Arc<WakeRegistry>,
+    ) -> Result<Self, LockError> {
+        let Some(first) = sentinels.first() else {
+            return Err(LockError::config(
+                "sentinel_urls",
+                "must name at least one sentinel",
+            ));
+        };
+        Ok(SentinelNode {
+            label: format!("sentinel({master_name})"),
+            master_name: master_name.to_owned(),
+            sentinels: sentinels
+                .iter()
+                .map(|s| {
+                    s.info
+                        .clone()
+                        .set_redis_settings(RedisConnectionInfo::default())
+                })
+                .collect(),
+            master_template: first.info.clone(),
+            settings: settings.clone(),
+            wakers,
+            current: Mutex::new(Current::default()),
+            lookup: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The master to talk to: the known one, or the one the sentinels name now.
+    async fn master(&self) -> Result<Arc<RedisNode>, NodeFailure> {
+        let known = {
+            let current = self.current();
+            match (&current.node, current.suspect) {
+                (Some(node), false) => Some((
+                    Arc::clone(node),
+                    current.checked.is_none_or(|at| at.elapsed() >= RECHECK),
+                )),
+                _ => None,
+            }
+        };
+        if let Some((node, stale)) = known {
+            if !stale {
+                return Ok(node);
+            }
+            // Due for a recheck: one caller asks, the others go on with the known master; a
+            // lookup that fails keeps it.
+            let Ok(_one_at_a_time) = self.lookup.try_lock() else {
+                return Ok(node);
+            };
+            return match self.ask_sentinels().await {
+                Ok(addr) => self.adopt(addr),
+                Err(_) => {
+                    self.current().checked = Some(Instant::now());
+                    Ok(node)
+                }
+            };
+        }
+        let _one_at_a_time = self.lookup.lock().await;
+        {
+            // Someone else looked it up meanwhile.
+            let current = self.current();
+            if let (Some(node), false) = (&current.node, current.suspect) {
+                return Ok(Arc::clone(node));
+            }
+        }
+        let addr = self.ask_sentinels().await?;
+        self.adopt(addr)
+    }
+
+    /// Makes the master at `(host, port)` the current one (a new connection if it moved).
+    fn adopt(&self, (host, port): (String, u16)) -> Result<Arc<RedisNode>, NodeFailure> {
+        let name = format!("{host}:{port}");
+        let mut current = self.current();
+        current.checked = Some(Instant::now());
+        if let Some(node) = current.node.clone().filter(|n| n.addr() == name) {
+            current.suspect = false;
+            return Ok(node);
+        }
+        let addr = NodeAddr {
+            name: name.clone(),
+            info: self
+                .master_template
+                .clone()
+                .set_addr(match self.master_template.addr() {
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => ConnectionAddr::Tcp(host, port),
+                }),
+        };
+        let node = RedisNode::new(
+            &addr,
+            "sentinel_urls",
+            &self.settings,
+            Arc::clone(&self.wakers),
+        )
+        .map(Arc::new)
+        .map_err(|e| NodeFailure::response(&self.label, &e.to_string()))?;
+        let moved = current.node.replace(Arc::clone(&node)).is_some();
+        current.suspect = false;
+        drop(current);
+        if moved {
+            tracing::info!(master = %name, "sentinel: following the master to a new address");
+            // Waiters listening on the old master would otherwise wait for their backoff.
+            self.wakers.notify_all();
+        }
+        Ok(node)
+    }
+
+    /// `SENTINEL get-master-addr-by-name` on every sentinel at once (each bounded by
+    /// connect_timeout + response_timeout); the address most of them name.
+    async fn ask_sentinels(&self) -> Result<(String, u16), NodeFailure> {
+        let bound = self
+            .settings
+            .connect_timeout
+            .saturating_add(self.settings.response_timeout);
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.settings.connect_timeout))
+            .set_response_timeout(Some(self.settings.response_timeout));
+        let asks = self.sentinels.iter().map(|info| {
+            let config = config.clone();
+            async move {
+                let ask = async {
+                    let client = redis::Client::open(info.clone())?;
+                    let mut conn = client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?;
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg(&self.master_name)
+                        .query_async::<Option<(String, u16)>>(&mut conn)
+                        .await
+                };
+                match tokio::time::timeout(bound, ask).await {
+                    Ok(Ok(Some(addr))) => Ok(addr),
+                    Ok(Ok(None)) => Err(format!(
+                        "{}: knows no master named {}",
+                        info.addr(),
+                        self.master_name
+                    )),
+                    Ok(Err(err)) => Err(format!("{}: {err}", info.addr())),
+                    Err(_) => Err(format!("{}: no answer in time", info.addr())),
+                }
+            }
+        });
+        let mut votes: HashMap<(String, u16), usize> = HashMap::new();
+        let mut errors = Vec::new();
+        for answer in join_all(asks).await {
+            match answer {
+                Ok(addr) => *votes.entry(addr).or_default() += 1,
+                Err(why) => errors.push(why),
+            }
+        }
+        votes
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(addr, _)| addr)
+            .ok_or_else(|| NodeFailure {
+                node: self.label.clone(),
+                kind: FailureKind::Refused,
+                detail: format!("no sentinel named the master: {}", errors.join("; ")),
+            })
+    }
+
+    /// Notes a failed call to `node`: if a failover explains it, the next call looks the
+    /// master up again.
+    fn failed(&self, node: &Arc<RedisNode>, failure: &NodeFailure) {
+        let failover_like = matches!(
+            failure.kind,
+            FailureKind::Refused | FailureKind::Io | FailureKind::Timeout
+        ) || failure.detail.contains("READONLY");
+        if failover_like {
+            let mut current = self.current();
+            if current.node.as_ref().is_some_and(|n| Arc::ptr_eq(n, node)) {
+                current.suspect = true;
+            }
+        }
+    }
+
+    async fn on_master<'a, T>(
+        &'a self,
+        call: impl FnOnce(Arc<RedisNode>) -> BoxFuture<'a, Result<T, NodeFailure>>,
+    ) -> Result<T, NodeFailure> {
+        let node = self.master().await?;
+        let outcome = call(Arc::clone(&node)).await;
+        if let Err(failure) = &outcome {
+            self.failed(&node, failure);
+        }
+        outcome
+    }
+}
+
+impl Node for SentinelNode {
+    fn addr(&self) -> &str {
+        &self.label
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+        Box::pin(self.on_master(move |node| Box::pin(async move { node.inspect(name).await })))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(
+            self.on_master(move |node| Box::pin(async move { node.force_release(name).await })),
+        )
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        ttl: Duration,
+        fencing: bool,
+    ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
+        Box::pin(self.on_master(move |node| {
+            Box::pin(async move { node.acquire(names, token, ttl, fencing).await })
+        }))
+    }
+
+    fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
+        Box::pin(async move {
+            let node = match self.master().await {
+                Ok(node) => node,
+                Err(failure) => {
+                    return items
+                        .iter()
+                        .map(|_| ExtendOutcome::Failed(failure.clone()))
+                        .collect();
+                }
+            };
+            let outcomes = node.extend_many(items).await;
+            if let Some(ExtendOutcome::Failed(failure)) = outcomes
+                .iter()
+                .find(|o| matches!(o, ExtendOutcome::Failed(_)))
+            {
+                self.failed(&node, failure);
+            }
+            outcomes
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        wake: bool,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(
+            self.on_master(move |node| {
+                Box::pin(async move { node.release(names, token, wake).await })
+            }),
+        )
+    }
+
+    fn raise_fences<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        fences: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), NodeFailure>> {
+        Box::pin(
+            self.on_master(move |node| {
+                Box::pin(async move { node.raise_fences(names, fences).await })
+            }),
+        )
+    }
+
+    fn watch(&self, name: &str) -> Subscription {
+        let node = self.current().node.clone();
+        match node {
+            Some(node) => node.watch(name),
+            // No master known yet: the waiter relies on its backoff.
+            None => Subscription {
+                confirmed: Box::pin(async { false }),
+                keep: None,
+            },
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! A Sentinel-managed master on loopback: 1 master, 1 replica, 3 sentinels.
+
+// A harness failure should stop the test loudly, with context.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::server::{RedisServer, ServerOptions};
+use super::store::LockStore;
+use super::util::{poll_until, reap_after_exit};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Sentinels call the master down after this long without an answer...
+const DOWN_AFTER: Duration = Duration::from_millis(1000);
+/// ...and give up on a failover after this long.
+const FAILOVER_TIMEOUT_MS: u64 = 3000;
+
+/// Two data nodes (one master, one replica) watched by three sentinels under the master name
+/// [`MASTER_NAME`](Self::MASTER_NAME), quorum 2. Dropping it kills every process.
+#[derive(Debug)]
+pub struct SentinelSet {
+    /// The data nodes: `data[0]` starts as master, `data[1]` as its replica.
+    pub data: Vec<RedisServer>,
+    /// The sentinels.
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl SentinelSet {
+    /// The master name the sentinels monitor.
+    pub const MASTER_NAME: &'static str = "locks";
+
+    /// Starts the set and returns once every sentinel knows the master, its replica and the
+    /// two other sentinels, and the replica's link is up (bounded; panics with the logs).
+    pub fn start() -> SentinelSet {
+        Self::start_with_password(None)
+    }
+
+    /// [`start`](Self::start), with `requirepass` on both data nodes (the replica and the
+    /// sentinels authenticate with it; the sentinels themselves ask for no password).
+    pub fn start_with_password(password: Option<&str>) -> SentinelSet {
+        let auth: Vec<String> = password
+            .map(|p| vec!["--masterauth".into(), p.into()])
+            .unwrap_or_default();
+        let master = RedisServer::start_with(ServerOptions {
+            requirepass: password.map(str::to_owned),
+            extra_args: [
+                vec!["--repl-diskless-sync-delay".into(), "0".into()],
+                auth.clone(),
+            ]
+            .concat(),
+            ..ServerOptions::default()
+        });
+        let replica = RedisServer::start_with(ServerOptions {
+            requirepass: password.map(str::to_owned),
+            extra_args: [
+                vec![
+                    "--repl-diskless-sync-delay".into(),
+                    "0".into(),
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port().to_string(),
+                ],
+                auth,
+            ]
+            .concat(),
+            ..ServerOptions::default()
+        });
+        let name = Self::MASTER_NAME;
+        let sentinel_auth = password
+            .map(|p| format!("sentinel auth-pass {name} {p}"))
+            .unwrap_or_default();
+        let sentinel_opts = ServerOptions {
+            config_lines: vec![
+                sentinel_auth,
+                format!("sentinel monitor {name} 127.0.0.1 {} 2", master.port()),
+                format!(
+                    "sentinel down-after-milliseconds {name} {}",
+                    DOWN_AFTER.as_millis()
+                ),
+                format!("sentinel failover-timeout {name} {FAILOVER_TIMEOUT_MS}"),
+                format!("sentinel parallel-syncs {name} 1"),
+            ],
+            extra_args: vec!["--sentinel".into()],
+            ..ServerOptions::default()
+        };
+        let sentinels = (0..3)
+            .map(|_| RedisServer::start_with(sentinel_opts.clone()))
+            .collect();
+        let set = SentinelSet {
+            data: vec![master, replica],
+            sentinels,
+        };
+        set.wait_ready(READY_TIMEOUT);
+        set
+    }
+
+    /// One set for the whole test binary (tests share it with distinct keys and must not fail
+    /// it over). Its processes are killed once the test binary exits.
+    pub fn shared() -> &'static SentinelSet {
+        static SHARED: OnceLock<SentinelSet> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let set = SentinelSet::start();
+            let all: Vec<&RedisServer> = set.data.iter().chain(&set.sentinels).collect();
+            let pids: Vec<u32> = all.iter().map(|n| n.pid()).collect();
+            let dirs: Vec<&std::path::Path> = all.iter().map(|n| n.dir()).collect();
+            reap_after_exit(&pids, &dirs);
+            set
+        })
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The port the sentinels name as master (asks the first one that answers).
+    pub fn master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(Self::MASTER_NAME)
+                .query(&mut s.admin())
+                .ok()?;
+            addr.map(|(_, port)| port)
+        })
+    }
+
+    /// The data node the sentinels name as master.
+    pub fn master(&self) -> &RedisServer {
+        let port = self.master_port().expect("the sentinels name a master");
+        self.data
+            .iter()
+            .find(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("the sentinels name an unknown master on port {port}"))
+    }
+
+    /// The data node that is not [`master`](Self::master).
+    pub fn replica(&self) -> &RedisServer {
+        let port = self.master().port();
+        self.data.iter().find(|n| n.port() != port).unwrap()
+    }
+
+    /// `SENTINEL FAILOVER`: the sentinels promote the replica (the old master becomes its
+    /// replica) without waiting for agreement. Returns at once; see
+    /// [`wait_master_is`](Self::wait_master_is).
+    pub fn failover(&self) {
+        let () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(Self::MASTER_NAME)
+            .query(&mut self.sentinels[0].admin())
+            .unwrap();
+    }
+
+    /// Waits until every sentinel names the node on `port` as master and that node says
+    /// `role:master`.
+    pub fn wait_master_is(&self, port: u16, timeout: Duration) -> Duration {
+        let start = std::time::Instant::now();
+        let done = poll_until(timeout, Duration::from_millis(20), || {
+            let all = self.sentinels.iter().all(|s| {
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(Self::MASTER_NAME)
+                    .query::<Option<(String, u16)>>(&mut s.admin())
+                    .is_ok_and(|a| a.is_some_and(|(_, p)| p == port))
+            });
+            let node = self.data.iter().find(|n| n.port() == port)?;
+            (all && node.info("replication").contains("role:master")).then_some(())
+        });
+        assert!(
+            done.is_some(),
+            "the sentinels did not make port {port} the master within {timeout:?}"
+        );
+        start.elapsed()
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let master = self.data[0].port();
+        let ready = poll_until(timeout, Duration::from_millis(50), || {
+            let sentinels_ready = self.sentinels.iter().all(|s| {
+                let info = s.info("sentinel");
+                info.contains(&format!("address=127.0.0.1:{master},slaves=1,sentinels=3"))
+            });
+            let linked = self.data[1]
+                .info("replication")
+                .contains("master_link_status:up");
+            (sentinels_ready && linked).then_some(())
+        });
+        if ready.is_none() {
+            let logs: String = self
+                .data
+                .iter()
+                .chain(&self.sentinels)
+                .map(|n| n.log_tail(15))
+                .collect();
+            panic!("the sentinel set was not ready within {timeout:?}\n{logs}");
+        }
+    }
+}
+
+impl LockStore for &'static SentinelSet {
+    fn keys(&self, pattern: &str) -> Vec<String> {
+        self.master().keys(pattern)
+    }
+
+    fn subscribers(&self, channel: &str) -> i64 {
+        self.master().subscribers(channel)
+    }
+
+    fn command_calls(&self, command: &str) -> u64 {
+        self.master().command_calls(command)
+    }
+}

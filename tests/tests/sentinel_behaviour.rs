@@ -1,0 +1,123 @@
+//! The behaviour suite on a Sentinel set (master, replica, 3 sentinels; one set for this binary).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod behaviour;
+
+use lock_runtime::LockConfig;
+use lock_tests::SentinelSet;
+
+fn fixture() -> behaviour::Fx {
+    let set = SentinelSet::shared();
+    behaviour::Fx::on(
+        LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls()),
+        vec![Box::new(set)],
+    )
+}
+
+behaviour_tests!(fixture());
+
+/// `min_replicas(1)`: when `acquire` returns, the lock key is already on the replica (`WAIT`
+/// counted it); renewals are checked the same way and keep a short lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
+    let _turn =
+        behaviour::turn("min_replicas_grants_are_on_the_replica_when_acquire_returns").await;
+    let set = SentinelSet::shared();
+    let config =
+        LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls()).min_replicas(1);
+    let client = lock_runtime::LockClient::new(config).unwrap();
+    let key = lock_tests::unique_key("sentinel:replicated");
+    let lock = lock_tests::lock_keys(&key).lock;
+    let ttl = std::time::Duration::from_millis(600);
+    let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
+    assert_eq!(set.replica().keys(&lock), [lock.as_str()]);
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!guard.is_lost(), "renewed with replica acknowledgements");
+    guard.release().await.unwrap();
+}
+
+/// No sentinel answers: `Unavailable` saying no sentinel named the master, never `Contended`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_are_unavailable_never_contended() {
+    let urls = [format!("redis://127.0.0.1:{}/", lock_tests::free_port())];
+    let config = LockConfig::sentinel("nobody", urls)
+        .connect_timeout(std::time::Duration::from_millis(200))
+        .response_timeout(std::time::Duration::from_millis(200));
+    let client = lock_runtime::LockClient::new(config).unwrap();
+    match client
+        .lock(lock_tests::unique_key("sentinel:down"))
+        .acquire()
+        .await
+    {
+        Err(lock_runtime::LockError::Unavailable { causes, .. }) => {
+            assert!(
+                causes[0].detail.contains("no sentinel named the master"),
+                "{causes:?}"
+            );
+        }
+        Err(other) => panic!("expected Unavailable, got {other}"),
+        Ok(_) => panic!("granted by no server"),
+    }
+    // A sentinel that knows no master of that name says so.
+    let set = SentinelSet::shared();
+    let client =
+        lock_runtime::LockClient::new(LockConfig::sentinel("nobody", set.sentinel_urls())).unwrap();
+    match client
+        .lock(lock_tests::unique_key("sentinel:unknown"))
+        .acquire()
+        .await
+    {
+        Err(lock_runtime::LockError::Unavailable { causes, .. }) => {
+            assert!(
+                causes[0].detail.contains("knows no master named nobody"),
+                "{causes:?}"
+            );
+        }
+        Err(other) => panic!("expected Unavailable, got {other}"),
+        Ok(_) => panic!("granted for an unknown master"),
+    }
+}
+
+/// A password-protected master: the password in the sentinel URLs authenticates to the master
+/// (sentinels are asked without it); a wrong one is `Unavailable` with `Auth` at once, and the
+/// password shows in no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_password_is_the_masters() {
+    let set = SentinelSet::start_with_password(Some("s3cret-pw"));
+    let urls = |pass: &str| -> Vec<String> {
+        set.sentinels
+            .iter()
+            .map(|s| format!("redis://:{pass}@127.0.0.1:{}/", s.port()))
+            .collect()
+    };
+    let good = LockConfig::sentinel(SentinelSet::MASTER_NAME, urls("s3cret-pw"));
+    let client = lock_runtime::LockClient::new(good).unwrap();
+    let key = lock_tests::unique_key("sentinel:auth");
+    let guard = client.lock(&key).acquire().await.unwrap();
+    assert_eq!(
+        set.master().keys(&lock_tests::lock_keys(&key).lock).len(),
+        1
+    );
+    guard.release().await.unwrap();
+
+    let bad = LockConfig::sentinel(SentinelSet::MASTER_NAME, urls("wrong-pw"));
+    let client = lock_runtime::LockClient::new(bad).unwrap();
+    let started = std::time::Instant::now();
+    let wait = std::time::Duration::from_secs(3);
+    match client.lock(&key).wait(wait).acquire().await {
+        Err(err @ lock_runtime::LockError::Unavailable { .. }) => {
+            let lock_runtime::LockError::Unavailable { causes, .. } = &err else {
+                unreachable!()
+            };
+            assert_eq!(
+                causes[0].kind,
+                lock_runtime::FailureKind::Auth,
+                "{causes:?}"
+            );
+            assert!(!err.to_string().contains("wrong-pw"), "{err}");
+        }
+        Err(other) => panic!("expected Unavailable, got {other}"),
+        Ok(_) => panic!("granted with a wrong password"),
+    }
+    assert!(started.elapsed() < wait, "not retried for the wait");
+}

@@ -1,0 +1,421 @@
+//! Faults only replicated topologies have: a Redis Cluster slot resharded while its locks are held
+//! and taken, a cluster master killed while it holds an unreplicated grant (the double-grant
+//! window without `min_replicas`, closed by `min_replicas(1)`), and a Sentinel failover during a
+//! stress run. Each test starts its own topology (they change it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
+use lock_tests::history::{self, Grant, now_ns};
+use lock_tests::{RedisCluster, RedisServer, SentinelSet, bounded, lock_keys, unique_key};
+
+/// What a stress task saw: its grants, and how its calls ended otherwise.
+#[derive(Default)]
+struct Tally {
+    grants: Vec<Grant>,
+    lost: u64,
+    unavailable: u64,
+    contended: u64,
+}
+
+/// Takes and releases `keys` in turn (wait 10s, body 0-2ms) until `stop`, at most 100,000 times.
+async fn churn(client: LockClient, keys: Vec<String>, stop: Arc<AtomicBool>) -> Tally {
+    let mut tally = Tally::default();
+    for i in 0..100_000usize {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let key = &keys[i % keys.len()];
+        match client
+            .lock(key)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+        {
+            Ok(guard) => {
+                let acquired = now_ns();
+                tokio::time::sleep(Duration::from_micros(fastrand_micros(i))).await;
+                let grant = Grant::ending_now(key, guard.fencing_token(), acquired);
+                match guard.release().await {
+                    Ok(()) => tally.grants.push(grant),
+                    // Lost while held: reported, and not counted as a clean grant.
+                    Err(LockError::Lost { .. }) => {
+                        tally.lost += 1;
+                        tally.grants.push(grant);
+                    }
+                    Err(_) => {
+                        tally.unavailable += 1;
+                        tally.grants.push(grant);
+                    }
+                }
+            }
+            Err(LockError::Contended { .. }) => tally.contended += 1,
+            Err(err @ LockError::Unavailable { .. }) => {
+                if tally.unavailable < 3 {
+                    eprintln!("{err}");
+                }
+                tally.unavailable += 1;
+            }
+            Err(other) => panic!("{key}: {other}"),
+        }
+    }
+    tally
+}
+
+fn fastrand_micros(i: usize) -> u64 {
+    // Deterministic spread of 0..2000µs without a random source.
+    u64::try_from(i.wrapping_mul(7919) % 2000).unwrap_or(0)
+}
+
+/// Runs `tasks` churn tasks on `client` over `keys` while `disturb` runs on a blocking thread,
+/// then `settle` longer; returns every task's tally.
+async fn churn_during(
+    client: &LockClient,
+    keys: &[String],
+    tasks: usize,
+    settle: Duration,
+    disturb: impl FnOnce() + Send + 'static,
+) -> Vec<Tally> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let mut mine = keys.to_vec();
+            mine.rotate_left(t % keys.len());
+            tokio::spawn(churn(client.clone(), mine, Arc::clone(&stop)))
+        })
+        .collect();
+    bounded(
+        Duration::from_secs(60),
+        "the disturbance",
+        tokio::task::spawn_blocking(disturb),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(settle).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut tallies = Vec::new();
+    for handle in handles {
+        tallies.push(
+            bounded(Duration::from_secs(30), "a churn task", handle)
+                .await
+                .unwrap(),
+        );
+    }
+    tallies
+}
+
+fn check_history(what: &str, tallies: &[Tally]) -> usize {
+    let grants: Vec<Grant> = tallies.iter().flat_map(|t| t.grants.clone()).collect();
+    let (lost, unavailable, contended) = tallies.iter().fold((0, 0, 0), |(l, u, c), t| {
+        (l + t.lost, u + t.unavailable, c + t.contended)
+    });
+    eprintln!(
+        "{what}: {} grants, lost {lost}, unavailable {unavailable}, contended {contended}",
+        grants.len()
+    );
+    if let Err(violation) = history::check(&grants) {
+        panic!("{what}: {violation}");
+    }
+    grants.len()
+}
+
+/// The slot of four locks (one hash tag) moves to another master and back while tasks take and
+/// release them and one more lock stays held (ttl 1s, renewed across both moves): no two holders
+/// at once, fencing tokens still grow (the fence keys move with the slot), and the long-held
+/// lock is neither lost nor reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_the_slot_in_use_keeps_exclusion_and_held_locks() {
+    let cluster = Arc::new(RedisCluster::start());
+    let tag = unique_key("reshard");
+    let keys: Vec<String> = (0..4).map(|i| format!("{{{tag}}}:k{i}")).collect();
+    let long = format!("{{{tag}}}:held");
+    let slot = cluster.slot_of(&lock_keys(&long).lock);
+    assert!(
+        keys.iter()
+            .all(|k| cluster.slot_of(&lock_keys(k).lock) == slot)
+    );
+    let client = LockClient::new(LockConfig::cluster(cluster.urls())).unwrap();
+    let held = client
+        .lock(&long)
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    let first_owner = cluster.master_of_slot(slot).port();
+    let moved = Arc::new(AtomicU64::new(0));
+    let disturb = {
+        let (cluster, moved) = (Arc::clone(&cluster), Arc::clone(&moved));
+        move || {
+            let other = cluster
+                .masters()
+                .into_iter()
+                .find(|m| m.port() != first_owner)
+                .unwrap()
+                .port();
+            for to in [other, first_owner] {
+                std::thread::sleep(Duration::from_millis(500));
+                let target = &cluster.nodes[cluster.index_of(to)];
+                let n = cluster.move_slot(slot, target);
+                moved.fetch_add(u64::try_from(n).unwrap(), Ordering::Relaxed);
+                assert_eq!(cluster.master_of_slot(slot).port(), to);
+            }
+        }
+    };
+    let tallies = churn_during(&client, &keys, 4, Duration::from_millis(1500), disturb).await;
+    let grants = check_history("resharding", &tallies);
+    assert!(grants > 50, "only {grants} grants");
+    assert!(
+        moved.load(Ordering::Relaxed) >= 2,
+        "the held lock's keys moved twice"
+    );
+    assert!(!held.is_lost(), "renewal followed the slot");
+    held.release().await.unwrap();
+    let lost: u64 = tallies.iter().map(|t| t.lost).sum();
+    assert_eq!(lost, 0, "short holds lost during a reshard");
+}
+
+/// Freezes `master`'s replica and cuts its replication link: from now on writes to `master`
+/// reach no replica (a frozen replica would still read what was already on its socket).
+fn cut_off_replica(cluster: &RedisCluster, master_port: u16) -> u16 {
+    let master = &cluster.nodes[cluster.index_of(master_port)];
+    let replica = cluster.replica_of(master);
+    replica.freeze();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master.admin())
+        .unwrap();
+    assert_eq!(killed, 1, "one replication link cut");
+    replica.port()
+}
+
+/// Kills the master on `master_port`, thaws its frozen replica and waits until the replica took
+/// over (the cluster healthy again, one master fewer replicas); returns how long that took.
+fn fail_over(cluster: &mut RedisCluster, master_port: u16, replica_port: u16) -> Duration {
+    let started = Instant::now();
+    let master = cluster.index_of(master_port);
+    cluster.nodes[master].stop();
+    let replica = cluster.index_of(replica_port);
+    cluster.nodes[replica].thaw();
+    cluster.wait_ok(Duration::from_secs(30));
+    started.elapsed()
+}
+
+/// A fresh cluster, a fresh key on it, its master's port, and a cluster config (ttl 15s).
+fn failover_case(name: &str) -> (RedisCluster, String, u16, LockConfig) {
+    let cluster = RedisCluster::start();
+    let key = unique_key(name);
+    let master = cluster.master_of(&lock_keys(&key).lock).port();
+    let config = LockConfig::cluster(cluster.urls()).default_ttl(Duration::from_secs(15));
+    (cluster, key, master, config)
+}
+
+/// [`fail_over`] off the async workers; gives the cluster back.
+async fn fail_over_async(mut cluster: RedisCluster, master: u16, replica: u16) -> RedisCluster {
+    tokio::task::spawn_blocking(move || {
+        let took = fail_over(&mut cluster, master, replica);
+        eprintln!("failover took {took:?}");
+        cluster
+    })
+    .await
+    .unwrap()
+}
+
+/// Without `min_replicas`, a grant the replica never received is gone after its master dies and
+/// the replica takes over: another client gets the same lock while the first still believes it
+/// holds it (the documented double-grant window). The first holder learns it at its next
+/// renewal: `Lost`, never a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_without_min_replicas_opens_a_double_grant_window() {
+    let (cluster, key, master, config) = failover_case("failover:plain");
+    let lock = lock_keys(&key).lock;
+    let a = LockClient::new(config.clone()).unwrap();
+    assert_eq!(a.inspect(&key).await.unwrap(), None);
+
+    let replica = cut_off_replica(&cluster, master);
+    let first = a.lock(&key).acquire().await.unwrap();
+    let cluster = fail_over_async(cluster, master, replica).await;
+    assert_eq!(cluster.master_of(&lock).port(), replica);
+
+    let b = LockClient::new(config).unwrap();
+    let second = b
+        .lock(&key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // Both believe they hold it: the window.
+    assert!(!first.is_lost(), "the first holder has not noticed yet");
+    bounded(
+        Duration::from_secs(20),
+        "the first holder sees the loss at its next renewal",
+        first.lost(),
+    )
+    .await;
+    assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
+    assert!(!second.is_lost());
+    second.release().await.unwrap();
+}
+
+/// The same failure with `min_replicas(1)`: the grant that no replica acknowledged is withdrawn
+/// and the call fails with `Unavailable` (cause kind `Replication`), so after the failover the
+/// second client is the only holder. Fails without `min_replicas` (the first acquire succeeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_withdraws_a_grant_no_replica_acknowledged() {
+    let (cluster, key, master, config) = failover_case("failover:wait");
+    let lock = lock_keys(&key).lock;
+    let a = LockClient::new(config.clone().min_replicas(1)).unwrap();
+    // Replicated grants go through.
+    a.lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let replica = cut_off_replica(&cluster, master);
+    let started = Instant::now();
+    match a.lock(&key).acquire().await {
+        Err(LockError::Unavailable { causes, .. }) => {
+            assert!(
+                causes.iter().any(|c| c.kind == FailureKind::Replication),
+                "{causes:?}"
+            );
+            eprintln!("refused after {:?}: {}", started.elapsed(), causes[0]);
+        }
+        Ok(_) => panic!("granted although no replica acknowledged it"),
+        Err(other) => panic!("expected Unavailable, got {other}"),
+    }
+    // Withdrawn on the master itself.
+    let master_node: &RedisServer = &cluster.nodes[cluster.index_of(master)];
+    assert!(master_node.keys(&lock).is_empty());
+
+    let cluster = fail_over_async(cluster, master, replica).await;
+    // The new master has no replica left: `b` asks for none.
+    let b = LockClient::new(config).unwrap();
+    let only = b
+        .lock(&key)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(!only.is_lost());
+    only.release().await.unwrap();
+    drop(cluster);
+}
+
+/// The Sentinel master is killed while four tasks take and release two locks: no two holders at
+/// once, and once every sentinel names the promoted replica, the tasks get their next grant
+/// within `sentinel::RECHECK` (1s) + connect_timeout + response_timeout (1.5s) + the longest
+/// retry backoff (1.2s): 3.7s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_killed_during_a_stress_run_is_followed_within_the_bound() {
+    let set = Arc::new(Mutex::new(SentinelSet::start()));
+    let (urls, old, new) = {
+        let set = set.lock().unwrap();
+        (
+            set.sentinel_urls(),
+            set.master().port(),
+            set.replica().port(),
+        )
+    };
+    let keys: Vec<String> = (0..2)
+        .map(|i| unique_key(&format!("sentinel:{i}")))
+        .collect();
+    let config =
+        LockConfig::sentinel(SentinelSet::MASTER_NAME, urls).default_ttl(Duration::from_secs(5));
+    let client = LockClient::new(config).unwrap();
+    let switched_ns = Arc::new(AtomicU64::new(0));
+    let disturb = {
+        let (set, switched_ns) = (Arc::clone(&set), Arc::clone(&switched_ns));
+        move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let mut set = set.lock().unwrap();
+            set.data[0].stop();
+            let took = set.wait_master_is(new, Duration::from_secs(20));
+            switched_ns.store(now_ns(), Ordering::SeqCst);
+            eprintln!("the sentinels all named the replica master {took:?} after the kill");
+        }
+    };
+    let tallies = churn_during(&client, &keys, 4, Duration::from_secs(5), disturb).await;
+    check_history("sentinel failover", &tallies);
+    let switched = switched_ns.load(Ordering::SeqCst);
+    let set = set.lock().unwrap();
+    let first_after = tallies
+        .iter()
+        .flat_map(|t| &t.grants)
+        .map(|g| g.acquired_ns)
+        .filter(|&at| at > switched)
+        .min()
+        .unwrap_or_else(|| {
+            let logs: String = set.data.iter().map(|n| n.log_tail(20)).collect();
+            panic!("no grant after the switch (old master {old}, new {new})\n{logs}")
+        });
+    let follow = Duration::from_nanos(first_after - switched);
+    eprintln!("first grant {follow:?} after the sentinels switched");
+    assert!(follow < Duration::from_millis(3700), "{follow:?}");
+    let new_master = &set.data[1];
+    assert!(
+        new_master.command_calls("evalsha") + new_master.command_calls("eval") > 0,
+        "locks went to the new master"
+    );
+}
+
+/// `SENTINEL FAILOVER`: the old master keeps answering (as a master, until the sentinels
+/// reconfigure it), so no call fails; the client still moves to the new master within
+/// `sentinel::RECHECK` (1s) of the sentinels naming it, plus one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_forced_failover_is_followed_while_the_old_master_still_answers() {
+    let set = SentinelSet::start();
+    let new = set.replica().port();
+    let client = LockClient::new(LockConfig::sentinel(
+        SentinelSet::MASTER_NAME,
+        set.sentinel_urls(),
+    ))
+    .unwrap();
+    let key = unique_key("sentinel:forced");
+    client
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    set.failover();
+    tokio::task::block_in_place(|| set.wait_master_is(new, Duration::from_secs(20)));
+    let switched = Instant::now();
+    let lock = lock_keys(&key).lock;
+    let new_master = &set.data[1];
+    let mut tries = 0;
+    // Bounded: one attempt every 50ms for 3s.
+    let followed = loop {
+        tries += 1;
+        let guard = client
+            .lock(&key)
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await;
+        let on_new = guard.is_ok() && new_master.keys(&lock) == [lock.as_str()];
+        if let Ok(guard) = guard {
+            guard.release().await.unwrap();
+        }
+        if on_new {
+            break switched.elapsed();
+        }
+        assert!(
+            tries < 60,
+            "still not on the new master after {:?}",
+            switched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("followed a forced failover {followed:?} after the sentinels switched");
+    assert!(followed < Duration::from_secs(3), "{followed:?}");
+}
