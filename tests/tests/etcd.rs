@@ -206,8 +206,12 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
     let taken = take_within_10s(&other, &key).await;
     let taken_after = cut.elapsed();
     eprintln!("lost {lost_after:?} after the partition; taken by another after {taken_after:?}");
-    // The last confirmed keepalive was at most ttl/3 before the cut.
-    assert!(lost_after <= ttl, "{lost_after:?}");
+    // The validity deadline is at most ttl after the cut (the last confirmed keepalive was sent
+    // before it), noticed by the renewal driver's timer: allow for a busy machine's scheduling.
+    assert!(
+        lost_after <= ttl + Duration::from_millis(300),
+        "{lost_after:?}"
+    );
     assert!(lost_after >= ttl / 2, "lost too early: {lost_after:?}");
     assert!(
         taken_after > lost_after,
