@@ -22,6 +22,11 @@ pub(crate) struct Global {
     /// Redlock (several independent masters). Default: `LOCK_REDIS_URL`, read the same way.
     #[arg(long = "url", global = true, value_name = "URL", value_delimiter = ',')]
     pub(crate) urls: Vec<String>,
+    /// The URLs are seeds of a Redis Cluster (also when `LOCK_REDIS_MODE=cluster`): `list`
+    /// scans every master, `inspect` and `release` go to the key's master. `watch` does not
+    /// work on a cluster (releases go to sharded channels, which take no patterns).
+    #[arg(long, global = true)]
+    pub(crate) cluster: bool,
     /// Key prefix the locks were configured with.
     #[arg(long, global = true, default_value = "lock:")]
     pub(crate) prefix: String,

@@ -14,7 +14,10 @@ pub(crate) async fn run(target: &Target, key: &str, json: bool) -> Result<Exit, 
             if json {
                 println!("{}", to_json(&info));
             } else {
-                print!("{}", describe(&info, target.nodes.len() > 1));
+                print!(
+                    "{}",
+                    describe(&info, target.nodes.len() > 1 && !target.cluster)
+                );
             }
             Ok(Exit::Ok)
         }

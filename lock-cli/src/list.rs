@@ -155,6 +155,30 @@ async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, N
 
 fn print_table(target: &Target, locks: &[Listed]) {
     let quorum = target.quorum();
+    if target.cluster {
+        let header = ["KEY", "MASTER", "REMAINING", "FENCE"];
+        let rows: Vec<Vec<String>> = locks
+            .iter()
+            .map(|lock| {
+                let master = target
+                    .nodes
+                    .iter()
+                    .zip(&lock.holds)
+                    .filter(|(_, hold)| hold.is_some())
+                    .map(|(node, _)| node.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                vec![
+                    lock.name.clone(),
+                    master,
+                    format::duration(lock.remaining(quorum)),
+                    format::token(lock.fencing_token()),
+                ]
+            })
+            .collect();
+        print!("{}", format::table(&header, &rows));
+        return;
+    }
     let redlock = target.nodes.len() > 1;
     let mut header = vec!["KEY"];
     if redlock {

@@ -27,7 +27,10 @@ pub(crate) async fn run(
             )));
         }
         match client.inspect(key).await.map_err(|e| target.error(e))? {
-            Some(info) => eprint!("{}", describe(&info, target.nodes.len() > 1)),
+            Some(info) => eprint!(
+                "{}",
+                describe(&info, target.nodes.len() > 1 && !target.cluster)
+            ),
             None => eprintln!("lock `{key}` is not held by a majority of the nodes"),
         }
         if !confirm(key)? {

@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig};
 use redis::aio::{MultiplexedConnection, PubSub};
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo as _};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo as _,
+};
 
 use crate::cli::Global;
 use crate::error::CliError;
 
 const ENV_URL: &str = "LOCK_REDIS_URL";
+const ENV_MODE: &str = "LOCK_REDIS_MODE";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -18,7 +21,10 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) prefix: String,
+    /// The servers: one, the Redlock masters, or a cluster's masters.
     pub(crate) nodes: Vec<Node>,
+    /// A Redis Cluster: each lock lives on one of `nodes`.
+    pub(crate) cluster: bool,
     config: LockConfig,
     /// Every password found in the URLs, to scrub from error messages we did not write.
     secrets: Vec<String>,
@@ -52,24 +58,34 @@ impl Target {
             .collect();
         let secrets: Vec<String> = urls.iter().filter_map(|u| password_of(u)).collect();
         let scrub = |text: String| scrub_with(&secrets, text);
+        let cluster =
+            global.cluster || std::env::var(ENV_MODE).is_ok_and(|m| m.trim() == "cluster");
         let config = match urls.as_slice() {
             [] => {
                 return Err(CliError::new(format!(
                     "no redis url: pass --url or set {ENV_URL}"
                 )));
             }
+            seeds if cluster => LockConfig::cluster(seeds.iter().map(String::as_str)),
             [one] => LockConfig::single(one.as_str()),
             many => LockConfig::redlock(many.iter().map(String::as_str)),
         }
         .key_prefix(global.prefix.as_str());
         // Validates every URL (the library's messages never show a password).
         LockClient::new(config.clone()).map_err(|e| CliError::new(scrub(e.to_string())))?;
-        let mut nodes = Vec::with_capacity(urls.len());
+        let mut infos = Vec::with_capacity(urls.len());
         for url in &urls {
-            let info = url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| CliError::new(scrub(format!("invalid redis url: {e}"))))?;
+            infos.push(
+                url.as_str()
+                    .into_connection_info()
+                    .map_err(|e| CliError::new(scrub(format!("invalid redis url: {e}"))))?,
+            );
+        }
+        if cluster {
+            infos = cluster_masters(&infos).map_err(|e| CliError::new(scrub(e)))?;
+        }
+        let mut nodes = Vec::with_capacity(infos.len());
+        for info in infos {
             let name = info.addr().to_string();
             let client =
                 Client::open(info).map_err(|e| CliError::new(scrub(format!("{name}: {e}"))))?;
@@ -78,6 +94,7 @@ impl Target {
         Ok(Target {
             prefix: global.prefix.clone(),
             nodes,
+            cluster,
             config,
             secrets,
         })
@@ -93,9 +110,14 @@ impl Target {
         CliError::new(scrub_with(&self.secrets, err.to_string()))
     }
 
-    /// How many nodes must agree for a lock to be held (1 on a single node).
+    /// How many nodes must agree for a lock to be held (1 on a single node and on a cluster,
+    /// where each lock lives on one master).
     pub(crate) fn quorum(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        if self.cluster {
+            1
+        } else {
+            self.nodes.len() / 2 + 1
+        }
     }
 }
 
@@ -122,6 +144,44 @@ impl Node {
             )),
         }
     }
+}
+
+/// The masters of the cluster the `seeds` belong to (`CLUSTER SLOTS` from the first seed that
+/// answers), with the seeds' credentials and database.
+fn cluster_masters(seeds: &[ConnectionInfo]) -> Result<Vec<ConnectionInfo>, String> {
+    let mut errors = Vec::new();
+    for seed in seeds {
+        let slots = Client::open(seed.clone()).and_then(|client| {
+            let mut conn = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+            conn.set_read_timeout(Some(RESPONSE_TIMEOUT))?;
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query::<Vec<Vec<redis::Value>>>(&mut conn)
+        });
+        match slots {
+            Ok(ranges) => {
+                // Each range: first slot, last slot, [host, port, id, ..] of its master, replicas.
+                let mut masters: Vec<(String, u16)> = ranges
+                    .iter()
+                    .filter_map(|range| match range.get(2) {
+                        Some(redis::Value::Array(master)) => Some((
+                            redis::from_redis_value_ref(master.first()?).ok()?,
+                            redis::from_redis_value_ref(master.get(1)?).ok()?,
+                        )),
+                        _ => None,
+                    })
+                    .collect();
+                masters.sort();
+                masters.dedup();
+                return Ok(masters
+                    .into_iter()
+                    .map(|(host, port)| seed.clone().set_addr(ConnectionAddr::Tcp(host, port)))
+                    .collect());
+            }
+            Err(e) => errors.push(format!("{}: {e}", seed.addr())),
+        }
+    }
+    Err(format!("no cluster seed answered: {}", errors.join("; ")))
 }
 
 /// The password in a URL's user info, raw and percent-decoded.

@@ -16,6 +16,12 @@ pub(crate) async fn run(
     count: Option<u64>,
     json: bool,
 ) -> Result<Exit, CliError> {
+    if target.cluster {
+        return Err(CliError::new(
+            "watch does not work on a cluster: releases are announced on sharded channels, \
+             which take no pattern subscriptions",
+        ));
+    }
     let channels = format!("{}{{*", glob::escape_redis(&target.prefix));
     let mut streams: Vec<BoxStream<'static, (String, Option<redis::Msg>)>> = Vec::new();
     for node in &target.nodes {

@@ -305,3 +305,70 @@ async fn redlock_list_and_inspect_show_each_node() {
         .count();
     assert_eq!(node_rows, 3, "{human:?}");
 }
+
+/// On a Redis Cluster (`--cluster`, one seed): `list` scans every master and names the one
+/// holding each lock, `inspect` and `release --force` reach the key's master, and `watch` says
+/// it cannot work there.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_list_inspect_and_release_reach_every_master() {
+    let cluster = lock_tests::RedisCluster::shared();
+    let seed = cluster.urls()[0].clone();
+    let locks = LockClient::new(LockConfig::cluster(cluster.urls())).unwrap();
+    let prefix = unique_key("clctl");
+    let mut guards = Vec::new();
+    let mut masters = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let key = format!("{prefix}:{i}");
+        guards.push(locks.lock(&key).ttl(TTL).acquire().await.unwrap());
+        let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+        masters.insert(format!("127.0.0.1:{}", cluster.master_of(&lock_key).port()));
+    }
+    assert!(masters.len() > 1, "{masters:?}");
+
+    let list = lockctl(&["--cluster", "--url", &seed, "list", &format!("{prefix}:*")]);
+    assert_eq!(code(&list), Some(0), "{list:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let key = format!("{prefix}:{i}");
+        let cells = row(&list, &key).unwrap_or_else(|| panic!("{key} not listed: {list:?}"));
+        let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+        let master = format!("127.0.0.1:{}", cluster.master_of(&lock_key).port());
+        assert_eq!(cells[1], master, "{list:?}");
+        seen.insert(master);
+    }
+    assert_eq!(seen, masters);
+
+    let key = format!("{prefix}:3");
+    let inspect = json(&lockctl(&[
+        "--cluster",
+        "--url",
+        &seed,
+        "--json",
+        "inspect",
+        &key,
+    ]));
+    assert_eq!(
+        inspect["fencing_token"],
+        guards[3].fencing_token().unwrap(),
+        "{inspect}"
+    );
+    let released = lockctl(&[
+        "--cluster",
+        "--url",
+        &seed,
+        "release",
+        &key,
+        "--force",
+        "--yes",
+    ]);
+    assert_eq!(code(&released), Some(0), "{released:?}");
+    let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+    assert!(cluster.master_of(&lock_key).keys(&lock_key).is_empty());
+
+    let watch = lockctl(&["--cluster", "--url", &seed, "watch"]);
+    assert_eq!(code(&watch), Some(2), "{watch:?}");
+    assert!(watch.stderr.contains("sharded"), "{watch:?}");
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+}
