@@ -808,8 +808,10 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
         delete_lock(node, &key);
     }
     // Long before the wait runs out (when a last attempt would take it anyway), the lock is ours.
+    // (The pause after each split doubles, so on a slow machine the retry after the deletion
+    // can come seconds later; still well before the 30 s wait runs out.)
     wait_until_async(
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         "the waiter's grant on a majority",
         || holders(&masters.nodes.iter().collect::<Vec<_>>(), &key) >= 3,
     )
