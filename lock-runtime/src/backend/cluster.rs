@@ -331,10 +331,7 @@ impl Node for ClusterNode {
             let conn = match self.conn().await {
                 Ok(conn) => conn,
                 Err(failure) => {
-                    return items
-                        .iter()
-                        .map(|_| ExtendOutcome::Failed(failure.clone()))
-                        .collect();
+                    return ExtendOutcome::all_failed(items.len(), &failure);
                 }
             };
             // Each lock split into its slots' parts; the parts batched by master (by slot when

@@ -168,6 +168,13 @@ pub(crate) enum ExtendOutcome {
     Failed(NodeFailure),
 }
 
+impl ExtendOutcome {
+    /// `failure` for each of `n` items: a whole batch that got no answer.
+    pub(crate) fn all_failed(n: usize, failure: &NodeFailure) -> Vec<ExtendOutcome> {
+        vec![ExtendOutcome::Failed(failure.clone()); n]
+    }
+}
+
 /// What the lock lifecycle talks to: one node, or a quorum of independent nodes (Redlock).
 #[derive(Debug)]
 pub(crate) enum Backend {

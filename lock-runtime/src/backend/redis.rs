@@ -374,15 +374,9 @@ impl Calls {
                 .collect(),
             Ok(_) => {
                 let failure = NodeFailure::response(&self.addr, "extend: wrong number of replies");
-                chunk
-                    .iter()
-                    .map(|_| ExtendOutcome::Failed(failure.clone()))
-                    .collect()
+                ExtendOutcome::all_failed(chunk.len(), &failure)
             }
-            Err(failure) => chunk
-                .iter()
-                .map(|_| ExtendOutcome::Failed(failure.clone()))
-                .collect(),
+            Err(failure) => ExtendOutcome::all_failed(chunk.len(), &failure),
         }
     }
 

@@ -299,10 +299,7 @@ impl Node for SentinelNode {
             let node = match self.master().await {
                 Ok(node) => node,
                 Err(failure) => {
-                    return items
-                        .iter()
-                        .map(|_| ExtendOutcome::Failed(failure.clone()))
-                        .collect();
+                    return ExtendOutcome::all_failed(items.len(), &failure);
                 }
             };
             let outcomes = node.extend_many(items).await;
