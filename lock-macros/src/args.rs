@@ -1,6 +1,7 @@
 //! The attribute's arguments: `key = "..."` or `keys = ["...", ..]`, `ttl = "..."`, `wait = "..."`,
-//! `max_hold = "..."`, `reentrant = bool`, `guard = NAME`, `crate = "path"`. Each is checked on its
-//! own here, then `key` against `keys`; checks against the function live in `validate`.
+//! `max_hold = "..."`, `reentrant = bool`, `fair = bool`, `shared = bool`, `permits = N`,
+//! `guard = NAME`, `crate = "path"`. Each is checked on its own here, then against each other
+//! (`key` against `keys`, the lock kinds); checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
 use crate::errors::Errors;
@@ -10,7 +11,8 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Path, Result};
 
-const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `reentrant`, `guard` and `crate`";
+const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `reentrant`, `fair`, `shared`, \
+                     `permits`, `guard` and `crate`";
 
 const KEYS_EXAMPLE: &str = "keys = [\"wallet:<from>\", \"wallet:<to>\"]";
 
@@ -25,6 +27,12 @@ pub(crate) struct Args {
     pub(crate) max_hold: Option<Duration>,
     /// `None` when not given: the default, reentrant.
     pub(crate) reentrant: Option<bool>,
+    /// `fair = true`: waiters served in arrival order.
+    pub(crate) fair: bool,
+    /// `shared = true`: a read lock.
+    pub(crate) shared: bool,
+    /// `permits = N`: a semaphore of N (at least 1).
+    pub(crate) permits: Option<u32>,
     pub(crate) guard: Option<Ident>,
     /// `crate = "path"`: where the runtime lives, for re-exports.
     pub(crate) krate: Option<Path>,
@@ -74,6 +82,9 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
     let mut wait = Arg::new("wait");
     let mut max_hold = Arg::new("max_hold");
     let mut reentrant = Arg::new("reentrant");
+    let mut fair = Arg::new("fair");
+    let mut shared = Arg::new("shared");
+    let mut permits = Arg::new("permits");
     let mut guard = Arg::new("guard");
     let mut krate = Arg::new("crate");
 
@@ -99,6 +110,9 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
             Some("wait") => wait.set_once(&meta, |input| duration(input, Kind::Wait)),
             Some("max_hold") => max_hold.set_once(&meta, |input| duration(input, Kind::MaxHold)),
             Some("reentrant") => reentrant.set_once(&meta, |input| boolean(input, "reentrant")),
+            Some("fair") => fair.set_once(&meta, |input| spanned_boolean(input, "fair")),
+            Some("shared") => shared.set_once(&meta, |input| spanned_boolean(input, "shared")),
+            Some("permits") => permits.set_once(&meta, permit_count),
             Some("guard") => guard.set_once(&meta, guard_name),
             Some("crate") => krate.set_once(&meta, |input| {
                 let lit = string(input, "crate", "\"my_facade::lock_runtime\"")?;
@@ -155,7 +169,17 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         (true, false) => key.value.map(|lit| vec![lit]),
         (false, true) => keys.value,
     };
+    check_kinds(
+        &keys,
+        fair.value.filter(|f| f.0),
+        shared.value.filter(|s| s.0),
+        permits.value,
+        errors,
+    );
     Args {
+        fair: fair.value.is_some_and(|f| f.0),
+        shared: shared.value.is_some_and(|s| s.0),
+        permits: permits.value.map(|(n, _)| n),
         keys,
         ttl: ttl.value,
         wait: wait.value,
@@ -230,6 +254,77 @@ fn templates(input: ParseStream<'_>) -> Result<Vec<LitStr>> {
         Ok(lits)
     } else {
         Err(errors.into_error())
+    }
+}
+
+/// `fair`, `shared` and `permits` against each other and against `keys`: a semaphore is already
+/// shared, fairness is for exclusive locks, and all three take one key.
+fn check_kinds(
+    keys: &Option<Vec<LitStr>>,
+    fair: Option<(bool, Span)>,
+    shared: Option<(bool, Span)>,
+    permits: Option<(u32, Span)>,
+    errors: &mut Errors,
+) {
+    if let (Some((_, at)), Some(_)) = (shared, permits) {
+        errors.push(syn::Error::new(
+            at,
+            "`shared` and `permits` cannot be combined: a semaphore's holders already share the \
+             key; write `permits = N` for up to N holders, or `shared = true` for a read lock",
+        ));
+    }
+    if let Some((_, at)) = fair.filter(|_| shared.is_some() || permits.is_some()) {
+        errors.push(syn::Error::new(
+            at,
+            "`fair` is for exclusive locks; it cannot be combined with `shared` or `permits`",
+        ));
+    }
+    let kind = permits
+        .map(|(_, at)| ("permits", at))
+        .or(shared.map(|(_, at)| ("shared", at)))
+        .or(fair.map(|(_, at)| ("fair", at)));
+    if let (Some(keys), Some((name, at))) = (keys, kind) {
+        if keys.len() > 1 {
+            errors.push(syn::Error::new(
+                at,
+                format_args!(
+                    "`{name}` locks take one key, but `keys` lists {}; lock one key with \
+                     `key = \"..\"`",
+                    keys.len()
+                ),
+            ));
+        }
+    }
+}
+
+/// `fair = true`: a bool literal, and where it was written.
+fn spanned_boolean(input: ParseStream<'_>, name: &str) -> Result<(bool, Span)> {
+    let span = input.span();
+    boolean(input, name).map(|value| (value, span))
+}
+
+/// `permits = 3`: an integer literal of at least 1.
+fn permit_count(input: ParseStream<'_>) -> Result<(u32, Span)> {
+    let expr = input.parse::<Expr>()?;
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(lit), ..
+    }) = &expr
+    else {
+        return Err(syn::Error::new_spanned(
+            expr,
+            "`permits` takes the number of holders allowed at once, like `permits = 3`",
+        ));
+    };
+    match lit.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            lit.span(),
+            "`permits = 0` would let nobody in; it must be at least 1",
+        )),
+        Ok(n) => Ok((n, lit.span())),
+        Err(_) => Err(syn::Error::new(
+            lit.span(),
+            format_args!("`permits` must be a whole number from 1 to {}", u32::MAX),
+        )),
     }
 }
 
@@ -387,8 +482,45 @@ mod tests {
             errors,
             [
                 "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
-              `max_hold`, `reentrant`, `guard` and `crate`"
+              `max_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard` and `crate`"
             ]
         );
+    }
+
+    #[test]
+    fn lock_kinds() {
+        let (parsed, errors) = args(quote!(key = "k", permits = 3));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(parsed.permits, Some(3));
+        let (parsed, errors) = args(quote!(key = "k", fair = true, shared = false));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(parsed.fair && !parsed.shared);
+
+        let (_, errors) = args(quote!(key = "k", permits = 0));
+        assert!(
+            errors[0].starts_with("`permits = 0` would let nobody in"),
+            "{errors:?}"
+        );
+        let (_, errors) = args(quote!(key = "k", permits = "3"));
+        assert!(
+            errors[0].starts_with("`permits` takes the number"),
+            "{errors:?}"
+        );
+        let (_, errors) = args(quote!(key = "k", shared = true, permits = 2));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`shared` and `permits` cannot be combined"));
+        let (_, errors) = args(quote!(key = "k", fair = true, shared = true));
+        assert!(
+            errors[0].starts_with("`fair` is for exclusive locks"),
+            "{errors:?}"
+        );
+        let (_, errors) = args(quote!(keys = ["a", "b"], shared = true));
+        assert!(
+            errors[0].starts_with("`shared` locks take one key"),
+            "{errors:?}"
+        );
+        // `false` asks for nothing.
+        let (_, errors) = args(quote!(keys = ["a", "b"], fair = false));
+        assert!(errors.is_empty(), "{errors:?}");
     }
 }

@@ -46,6 +46,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// let __lock_call = P::Call {
 ///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
 ///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, reentrant: true,
+///     fair: false, shared: false, permits: None,    // the lock's kind
 ///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
 /// let __lock_guard = match P::acquire(__lock_call).await {
@@ -77,6 +78,15 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let wait = duration(locked.wait, private);
     let max_hold = duration(locked.max_hold, private);
     let reentrant = syn::LitBool::new(locked.reentrant, site);
+    let fair = syn::LitBool::new(locked.fair, site);
+    let shared = syn::LitBool::new(locked.shared, site);
+    let permits = match locked.permits {
+        Some(n) => {
+            let n = proc_macro2::Literal::u32_suffixed(n);
+            quote_spanned!(site=> ::core::option::Option::Some(#n))
+        }
+        None => quote_spanned!(site=> ::core::option::Option::None),
+    };
     // The metrics and tracing label: the templates as written, never rendered keys.
     let templates: Vec<String> = locked.keys.iter().map(|key| key.lit.value()).collect();
     let name = syn::LitStr::new(&templates.join(", "), site);
@@ -124,6 +134,9 @@ fn locked_body(locked: &Locked) -> TokenStream {
             wait: #wait,
             max_hold: #max_hold,
             reentrant: #reentrant,
+            fair: #fair,
+            shared: #shared,
+            permits: #permits,
             name: #name,
         };
         let #guard = match #acquire {
@@ -388,7 +401,8 @@ mod tests {
                 "ttl:::core::option::Option::None,\
                  wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
                  max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
-                 reentrant:false,name:\"w:<to>,w:<from>\",}"
+                 reentrant:false,fair:false,shared:false,permits:::core::option::Option::None,\
+                 name:\"w:<to>,w:<from>\",}"
             ),
             "{out}"
         );

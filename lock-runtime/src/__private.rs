@@ -5,10 +5,10 @@ pub use core::time::Duration;
 
 /// Which Redlock node a contended lock asks first, for tests.
 pub use crate::backend::gate_of;
-/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
-pub use crate::backend::redis_keys;
 /// The inverse of [`redis_keys`], for tools such as `lockctl`.
 pub use crate::backend::{KeyKind, lock_name_of};
+/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
+pub use crate::backend::{redis_key, redis_keys};
 
 use crate::Lock;
 
@@ -54,6 +54,9 @@ pub struct Call {
     pub wait: Option<Duration>,
     pub max_hold: Option<Duration>,
     pub reentrant: bool,
+    pub fair: bool,
+    pub shared: bool,
+    pub permits: Option<u32>,
     /// The key templates as written: the label of the lock's span and metrics.
     pub name: &'static str,
 }
@@ -61,7 +64,12 @@ pub struct Call {
 fn lock(call: Call) -> Lock {
     let mut lock = Lock::many(call.keys)
         .reentrant(call.reentrant)
+        .fair(call.fair)
+        .shared(call.shared)
         .name(call.name);
+    if let Some(permits) = call.permits {
+        lock = lock.permits(permits);
+    }
     if let Some(ttl) = call.ttl {
         lock = lock.ttl(ttl);
     }

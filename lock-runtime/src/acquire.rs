@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Attempt, Backend, BoxFuture, Names, Subscription, Token};
+use crate::backend::{Ask, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token};
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
@@ -26,6 +26,7 @@ pub(crate) struct Request {
     /// `None`: wait as long as it takes.
     pub(crate) give_up: Option<Instant>,
     pub(crate) fencing: bool,
+    pub(crate) mode: Mode,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) labels: Labels,
     /// The acquisition's `distributed_lock` span: acquire, body and release run in it.
@@ -55,9 +56,14 @@ pub(crate) trait WaitStrategy: Send {
     fn before_attempt(&mut self);
 
     /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
-    /// holder's remaining time to live, when the server said.
-    fn pause<'a>(&'a mut self, pttl: Option<Duration>, until: Option<Instant>)
-    -> BoxFuture<'a, ()>;
+    /// holder's remaining time to live, when the server said; `ticket` a fair waiter's place in
+    /// the queue (releases handed to other waiters are not worth waking for).
+    fn pause<'a>(
+        &'a mut self,
+        pttl: Option<Duration>,
+        ticket: Option<u64>,
+        until: Option<Instant>,
+    ) -> BoxFuture<'a, ()>;
 }
 
 /// The default strategy: subscribe to the release notifications of every key after the first
@@ -176,6 +182,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
     fn pause<'b>(
         &'b mut self,
         pttl: Option<Duration>,
+        ticket: Option<u64>,
         until: Option<Instant>,
     ) -> BoxFuture<'b, ()> {
         let nap = if pttl == Some(Duration::ZERO) {
@@ -191,6 +198,9 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         let w = self
             .watch
             .get_or_insert_with(|| Watching::start(backend, wakers, names));
+        for wake in &mut w.wakes {
+            wake.set_ticket(ticket);
+        }
         Box::pin(async move {
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
             tokio::pin!(sleep);
@@ -251,9 +261,13 @@ pub(crate) async fn acquire(
         strategy.before_attempt();
         attempts += 1;
         let attempt_start = Instant::now();
-        let attempt = backend
-            .acquire(&req.names, &token, req.ttl, req.fencing)
-            .await;
+        let ask = Ask {
+            ttl: req.ttl,
+            fencing: req.fencing,
+            mode: req.mode,
+            queue: !past(attempt_start),
+        };
+        let attempt = backend.acquire(&req.names, &token, ask).await;
         let now = Instant::now();
         let failures = match attempt {
             Ok(Attempt::Acquired { fences }) => {
@@ -273,22 +287,35 @@ pub(crate) async fn acquire(
                     "acquire before the lock's validity ran out",
                 )]
             }
-            Ok(Attempt::Held { index, pttl }) => {
+            Ok(Attempt::Held {
+                index,
+                pttl,
+                ticket,
+            }) => {
                 // `unsure` stays set: after a reconnect, an earlier attempt may still land
                 // behind this answer. A release by token is harmless if it never did.
+                // A fair waiter with a ticket is in the queue: leaving it takes a release too
+                // (which also passes on a lock handed to it meanwhile).
+                unsure |= ticket.is_some();
                 if past(now) {
                     break Err(LockError::Contended {
                         key: req.names.get(index).unwrap_or(&req.names[0]).to_string(),
                         waited: now - started,
                     });
                 }
+                // A waiter's queue entry or writer mark lives one ttl unless the next attempt
+                // renews it: attempt at least three times per ttl.
+                let until = Some(cap(now, req.ttl / 3, req.give_up));
                 tokio::select! {
-                    () = strategy.pause(pttl, req.give_up) => {}
+                    () = strategy.pause(pttl, ticket, until) => {}
                     () = caller_gone.cancelled() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
                 }
                 continue;
+            }
+            Ok(Attempt::Mismatch { field, reason }) => {
+                break Err(LockError::config(field, reason));
             }
             Err(failures) => failures,
         };

@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
 use crate::backend::{
-    Backend, ClusterNode, MemoryNode, Names, Node, Quorum, RedisNode, SentinelNode, Token,
+    Backend, ClusterNode, MemoryNode, Mode, Names, Node, Quorum, RedisNode, SentinelNode, Token,
 };
 use crate::config::{LockConfig, Settings, ValidBackend};
 use crate::error::LockError;
@@ -142,6 +142,7 @@ impl Engine {
         wait: Option<Duration>,
         max_hold: Option<Duration>,
         name: Option<Arc<str>>,
+        mode: Mode,
     ) -> Result<Request, LockError> {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(shut_down());
@@ -162,6 +163,22 @@ impl Engine {
         let mut keys = keys;
         keys.sort_unstable();
         keys.dedup();
+        if mode != Mode::Exclusive {
+            if keys.len() > 1 {
+                return Err(LockError::config(
+                    "keys",
+                    format!("a {mode} lock takes one key"),
+                ));
+            }
+            let field = match mode {
+                Mode::Fair => "fair",
+                Mode::Shared => "shared",
+                _ => "permits",
+            };
+            self.backend
+                .supports(mode)
+                .map_err(|reason| LockError::config(field, reason))?;
+        }
         let names: Names = keys.into_iter().map(Arc::from).collect();
         let labels = Labels {
             lock: name.unwrap_or_else(|| Arc::from("unnamed")),
@@ -173,6 +190,7 @@ impl Engine {
             ttl,
             give_up: Instant::now().checked_add(wait),
             fencing: self.fencing,
+            mode,
             max_hold,
             labels,
         })
@@ -197,7 +215,7 @@ impl Engine {
         .await;
         drop(strategy);
         if let Some(token) = ended.unsure {
-            self.cleanup(Arc::clone(&req.names), token, req.ttl);
+            self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
         }
         let hold = Arc::new(Hold::new(req, ended.result?));
         self.held().insert(hold.id, Arc::clone(&hold));
@@ -234,14 +252,14 @@ impl Engine {
     /// answers (for up to a minute, or the TTL when longer). An attempt sent before a freeze or a
     /// reset connection can still run when the server resumes; a release answered after the
     /// resume runs after it, so no grant of a failed call outlives the call by more than that.
-    fn cleanup(&self, names: Names, token: Token, ttl: Duration) {
+    fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration) {
         let backend = Arc::clone(&self.backend);
         self.background.spawn_on(
             async move {
                 let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
                 let mut pause = Duration::from_millis(50);
                 loop {
-                    match backend.release(&names, &token, false).await {
+                    match backend.release(&names, &token, mode, false).await {
                         Ok(_) => return,
                         Err(causes)
                             if Instant::now() < give_up

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::acquire::{Granted, Request};
-use crate::backend::{Backend, Names, Token};
+use crate::backend::{Backend, Mode, Names, Token};
 use crate::error::LockError;
 use crate::events::{self, Labels};
 
@@ -39,6 +39,7 @@ pub(crate) struct Hold {
     pub(crate) names: Names,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    pub(crate) mode: Mode,
     /// One per key with fencing, else empty.
     pub(crate) fences: Vec<u64>,
     acquired_at: Instant,
@@ -75,6 +76,7 @@ impl Hold {
             names: req.names,
             token: granted.token,
             ttl: req.ttl,
+            mode: req.mode,
             fences: granted.fences,
             acquired_at: Instant::now(),
             max_hold: req.max_hold,
@@ -196,7 +198,9 @@ impl Hold {
 /// still valid (it then expires by its TTL).
 pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockError> {
     let was_lost = hold.let_go();
-    let outcome = backend.release(&hold.names, &hold.token, true).await;
+    let outcome = backend
+        .release(&hold.names, &hold.token, hold.mode, true)
+        .await;
     if !hold.ended.swap(true, Ordering::AcqRel) {
         events::ended(&hold.labels, hold.acquired_at.elapsed());
     }
@@ -273,6 +277,7 @@ mod tests {
             ttl: Duration::from_secs(30),
             give_up: None,
             fencing: true,
+            mode: Mode::Exclusive,
             max_hold,
             labels: Labels {
                 lock: Arc::from("test"),

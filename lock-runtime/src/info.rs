@@ -20,8 +20,11 @@ pub struct LockInfo {
     /// the largest counter over the nodes, at least the holder's token (a node outside the
     /// granting majority may have counted further). `None` when no counter exists.
     pub fencing_token: Option<u64>,
-    /// How many holders the lock has (1 for an exclusive lock that is held).
+    /// How many holders the lock has: 1 for an exclusive lock that is held, the live shares or
+    /// permits of a shared lock or semaphore (under Redlock, as a majority of nodes count them).
     pub holders: usize,
+    /// How many waiters a fair lock's queue holds (0 for other locks).
+    pub queued: usize,
     /// Each node's view, in config order (one entry for a single node, `memory` in memory).
     pub nodes: Vec<NodeLockState>,
 }
@@ -47,7 +50,12 @@ pub(crate) async fn inspect(backend: &Backend, name: &str) -> Result<Option<Lock
     let views = join_all(nodes.iter().map(|node| node.inspect(name))).await;
     let mut states = Vec::with_capacity(nodes.len());
     let mut failures = Vec::new();
+    // (holders, queued) of each node that holds the lock.
+    let mut views_held = Vec::new();
     for (node, view) in nodes.iter().zip(views) {
+        if let Ok(Some(v)) = &view {
+            views_held.push((v.holders, v.queued));
+        }
         match view {
             Ok(view) => states.push(NodeLockState {
                 node: node.addr().to_owned(),
@@ -70,11 +78,19 @@ pub(crate) async fn inspect(backend: &Backend, name: &str) -> Result<Option<Lock
     ttls.sort_by(|a, b| b.cmp(a));
     let remaining = ttls.get(quorum - 1).copied().flatten();
     let fencing_token = states.iter().filter_map(|s| s.fencing_token).max();
+    // As a majority counts them: the quorum-th largest count.
+    let majority = |mut counts: Vec<usize>| {
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        counts.get(quorum - 1).copied().unwrap_or(0)
+    };
+    let holders = majority(views_held.iter().map(|v| v.0).collect());
+    let queued = majority(views_held.iter().map(|v| v.1).collect());
     Ok(Some(LockInfo {
         key: name.to_owned(),
         remaining,
         fencing_token,
-        holders: 1,
+        holders,
+        queued,
         nodes: states,
     }))
 }

@@ -2,6 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Mode;
 use crate::bridge;
 use crate::engine::Engine;
 use tracing::Instrument as _;
@@ -42,6 +43,9 @@ pub struct Lock {
     wait: Option<Duration>,
     max_hold: Option<Duration>,
     reentrant: bool,
+    fair: bool,
+    shared: bool,
+    permits: Option<u32>,
     name: Option<Arc<str>>,
 }
 
@@ -53,6 +57,9 @@ impl fmt::Debug for Lock {
             .field("wait", &self.wait)
             .field("max_hold", &self.max_hold)
             .field("reentrant", &self.reentrant)
+            .field("fair", &self.fair)
+            .field("shared", &self.shared)
+            .field("permits", &self.permits)
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -79,6 +86,9 @@ impl Lock {
             wait: None,
             max_hold: None,
             reentrant: true,
+            fair: false,
+            shared: false,
+            permits: None,
             name: None,
         }
     }
@@ -123,6 +133,36 @@ impl Lock {
         self
     }
 
+    /// Whether waiters are granted the lock in the order they arrived (default: false, where a
+    /// release wakes every waiter and the quickest wins). A fair waiter holds a place in the
+    /// key's queue, renewed by its attempts while it waits: one that crashes leaves the queue
+    /// within its `ttl`, one that gives up or is cancelled leaves at once. A release hands the
+    /// lock to the first waiter on the server and wakes that waiter alone. One key; every caller
+    /// of the key should be fair (an unfair caller can take a free lock ahead of the queue).
+    /// Not on every backend: see the crate docs.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether this is a shared (read) lock (default: false). Any number of shared holders hold
+    /// the key together; an exclusive (default) holder of the same key excludes them all, and
+    /// is not starved: while it waits, no new shared holder gets in. Each shared holder has its
+    /// own lease, renewed and lost on its own. One key.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// Makes this a semaphore: up to `permits` holders of the key at once, each with its own
+    /// renewed lease (a crashed holder's permit comes back within its `ttl`). Every caller of
+    /// the key must ask for the same number: a different one is a [`LockError::Config`] error
+    /// naming `permits`. One key. Not on Redlock: see the crate docs.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
     /// The label of this lock in its tracing span (`lock`) and metrics (default `unnamed`; the
     /// attribute uses its key templates). Give locks of one kind one name (`"wallet"`), never the
     /// rendered key: metrics keep one series per name.
@@ -138,13 +178,50 @@ impl Lock {
         }
     }
 
+    /// The kind of hold asked for, from `fair`, `shared` and `permits`.
+    fn mode(&self) -> Result<Mode, LockError> {
+        match (self.fair, self.shared, self.permits) {
+            (_, _, Some(0)) => Err(LockError::config("permits", "must be at least 1")),
+            (_, true, Some(_)) => Err(LockError::config(
+                "shared",
+                "cannot be combined with permits: a semaphore's holders already share the key",
+            )),
+            (true, true, _) | (true, _, Some(_)) => Err(LockError::config(
+                "fair",
+                "is for exclusive locks; it cannot be combined with shared or permits",
+            )),
+            (true, false, None) => Ok(Mode::Fair),
+            (false, true, None) => Ok(Mode::Shared),
+            (false, false, Some(n)) => Ok(Mode::Permits(n)),
+            (false, false, None) => Ok(Mode::Exclusive),
+        }
+    }
+
     /// The engine and the request, or a guard that joins a hold of the current scope.
     fn prepare(self) -> Result<Prepared, LockError> {
         let engine = self.engine()?;
-        let req = engine.request(self.keys, self.ttl, self.wait, self.max_hold, self.name)?;
+        let mode = self.mode()?;
+        let req = engine.request(
+            self.keys,
+            self.ttl,
+            self.wait,
+            self.max_hold,
+            self.name,
+            mode,
+        )?;
         if self.reentrant {
             match scope::find(engine.id(), &req.names) {
                 Held::Nothing => {}
+                Held::All(hold) if !joinable(hold.mode, mode) => {
+                    return Err(LockError::config(
+                        "reentrant",
+                        format!(
+                            "this task or thread holds the key as a {} lock; a nested {mode} lock \
+                             on it would wait on itself",
+                            hold.mode
+                        ),
+                    ));
+                }
                 Held::All(hold) => return LockGuard::joined(engine, hold).map(Prepared::Joined),
                 Held::Some => {
                     return Err(LockError::config(
@@ -235,6 +312,13 @@ impl Lock {
             Err(err) => Err(err.into()),
         }
     }
+}
+
+/// Whether a nested lock of mode `inner` may join a hold of mode `outer`: an exclusive hold
+/// covers any exclusive or shared use; a shared or permit hold only its own kind.
+fn joinable(outer: Mode, inner: Mode) -> bool {
+    let exclusive = |m| matches!(m, Mode::Exclusive | Mode::Fair);
+    outer == inner || (exclusive(outer) && (exclusive(inner) || inner == Mode::Shared))
 }
 
 enum Prepared {

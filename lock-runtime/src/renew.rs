@@ -271,6 +271,7 @@ impl Driver {
                     names: Arc::clone(&hold.names),
                     token: hold.token.clone(),
                     ttl: hold.ttl,
+                    mode: hold.mode,
                 })
                 .collect();
             backend

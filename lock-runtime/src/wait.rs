@@ -18,7 +18,9 @@ pub(crate) struct WakeRegistry {
 
 #[derive(Debug)]
 struct Slot {
-    tx: watch::Sender<u64>,
+    /// The number of releases so far, and the ticket of the waiter the last one was for (0: for
+    /// everyone).
+    tx: watch::Sender<(u64, u64)>,
     waiters: usize,
 }
 
@@ -27,12 +29,16 @@ impl WakeRegistry {
     pub(crate) fn watch(self: &Arc<Self>, name: &str) -> WakeHandle {
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = names.entry(name.to_owned()).or_insert_with(|| Slot {
-            tx: watch::channel(0).0,
+            tx: watch::channel((0, 0)).0,
             waiters: 0,
         });
         slot.waiters += 1;
+        let rx = slot.tx.subscribe();
+        let seen = rx.borrow().0;
         WakeHandle {
-            rx: slot.tx.subscribe(),
+            seen,
+            rx,
+            ticket: None,
             registry: Arc::clone(self),
             name: name.to_owned(),
         }
@@ -40,9 +46,15 @@ impl WakeRegistry {
 
     /// `name` was released.
     pub(crate) fn notify(&self, name: &str) {
+        self.notify_for(name, 0);
+    }
+
+    /// `name` was released and handed to the fair waiter holding `ticket` (0: to nobody in
+    /// particular, which wakes every waiter).
+    pub(crate) fn notify_for(&self, name: &str, ticket: u64) {
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = names.get(name) {
-            slot.tx.send_modify(|n| *n = n.wrapping_add(1));
+            slot.tx.send_modify(|n| *n = (n.0.wrapping_add(1), ticket));
         }
     }
 
@@ -50,7 +62,7 @@ impl WakeRegistry {
     pub(crate) fn notify_all(&self) {
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         for slot in names.values() {
-            slot.tx.send_modify(|n| *n = n.wrapping_add(1));
+            slot.tx.send_modify(|n| *n = (n.0.wrapping_add(1), 0));
         }
     }
 
@@ -68,7 +80,11 @@ impl WakeRegistry {
 /// One waiter's view of a lock's releases. Dropping it stops watching.
 #[derive(Debug)]
 pub(crate) struct WakeHandle {
-    rx: watch::Receiver<u64>,
+    rx: watch::Receiver<(u64, u64)>,
+    /// The release count at the last `mark_seen` or wake-up.
+    seen: u64,
+    /// A fair waiter's place in the queue: releases handed to other waiters do not wake it.
+    ticket: Option<u64>,
     registry: Arc<WakeRegistry>,
     name: String,
 }
@@ -77,13 +93,29 @@ impl WakeHandle {
     /// Forget releases seen so far: call right before an attempt, so that a release after the
     /// attempt's answer is seen by [`released`](Self::released).
     pub(crate) fn mark_seen(&mut self) {
-        self.rx.borrow_and_update();
+        self.seen = self.rx.borrow_and_update().0;
     }
 
-    /// Resolves at the next release after [`mark_seen`](Self::mark_seen).
+    /// From now on only releases handed to `ticket`, or to nobody in particular, wake this
+    /// handle (`None`: every release).
+    pub(crate) fn set_ticket(&mut self, ticket: Option<u64>) {
+        self.ticket = ticket;
+    }
+
+    /// Resolves at the next release after [`mark_seen`](Self::mark_seen) that is for this
+    /// waiter. When several releases came at once and only the last is known, it wakes too: the
+    /// one before may have been for this waiter.
     pub(crate) async fn released(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let (count, ticket) = *self.rx.borrow_and_update();
+            let missed = count.wrapping_sub(self.seen) > 1;
+            self.seen = count;
+            if missed || ticket == 0 || self.ticket.is_none_or(|mine| mine == ticket) {
+                return;
+            }
         }
     }
 }
@@ -146,5 +178,27 @@ mod tests {
             .unwrap_or_else(|_| panic!("not woken"));
         drop(handle);
         assert!(registry.names.lock().map(|c| c.is_empty()).unwrap_or(false));
+    }
+
+    #[tokio::test]
+    async fn a_fair_waiter_sleeps_through_hand_offs_to_others() {
+        let registry = Arc::new(WakeRegistry::default());
+        let mut handle = registry.watch("f");
+        handle.set_ticket(Some(7));
+        handle.mark_seen();
+        registry.notify_for("f", 3);
+        // The notification is already there: one poll sees it, and must not wake.
+        let early = futures_util::FutureExt::now_or_never(handle.released());
+        assert!(early.is_none(), "woken by a hand-off to ticket 3");
+        registry.notify_for("f", 7);
+        tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by its own hand-off"));
+        // A release for nobody in particular wakes it too.
+        handle.mark_seen();
+        registry.notify("f");
+        tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by a plain release"));
     }
 }

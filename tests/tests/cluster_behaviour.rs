@@ -21,6 +21,7 @@ fn fixture() -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture());
+kind_tests!(fixture());
 
 /// Locks of different names land on all three masters (the distribution is printed), each
 /// lock's keys on its slot's master only.

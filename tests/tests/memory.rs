@@ -10,3 +10,8 @@ behaviour_tests!(behaviour::Fx::new(
     LockConfig::in_memory().runtime(tokio::runtime::Handle::current()),
     Vec::new()
 ));
+
+kind_tests!(behaviour::Fx::new(
+    LockConfig::in_memory().runtime(tokio::runtime::Handle::current()),
+    Vec::new()
+));

@@ -15,3 +15,4 @@ fn fixture() -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture());
+kind_tests!(fixture(), redlock);

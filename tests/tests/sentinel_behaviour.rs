@@ -15,6 +15,7 @@ fn fixture() -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture());
+kind_tests!(fixture());
 
 /// `min_replicas(1)`: when `acquire` returns, the lock key is already on the replica (`WAIT`
 /// counted it); renewals are checked the same way and keep a short lock held.

@@ -9,6 +9,7 @@ fn fixture() -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture());
+kind_tests!(fixture());
 
 /// A second runtime after the first is gone: the client lives on the library's runtime.
 #[test]

@@ -25,7 +25,9 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
 use super::redis::{Calls, OpenPubSub, PubSub, Subscriptions, hash_tag};
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use super::{
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+};
 use crate::config::{NodeAddr, Settings};
 use crate::error::{FailureKind, LockError, NodeFailure};
 use crate::wait::WakeRegistry;
@@ -214,12 +216,13 @@ impl ClusterNode {
         names: &[Arc<str>],
         groups: &[(u16, Vec<usize>)],
         token: &Token,
+        mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
         let calls = groups.iter().map(|(slot, members)| async move {
             let subset: Vec<Arc<str>> = members.iter().map(|&i| Arc::clone(&names[i])).collect();
             self.calls
-                .release(conn, &subset, token, wake)
+                .release(conn, &subset, token, mode, wake)
                 .await
                 .map_err(|f| self.at_slot(*slot, f))
         });
@@ -266,12 +269,16 @@ impl Node for ClusterNode {
         })
     }
 
+    fn supports(&self, _: Mode) -> Result<(), String> {
+        // Fair, shared and permit locks take one key: one slot, one script call.
+        Ok(())
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
         Box::pin(async move {
             let conn = self.conn().await?;
@@ -279,16 +286,17 @@ impl Node for ClusterNode {
             if let [(slot, _)] = groups.as_slice() {
                 return self
                     .calls
-                    .acquire(conn, names, token, ttl, fencing)
+                    .acquire(conn, names, token, ask)
                     .await
                     .map_err(|f| self.at_slot(*slot, f));
             }
-            // Keys in several slots: group by group, giving back what was taken on a refusal.
-            let mut fences = vec![0; if fencing { names.len() } else { 0 }];
+            // Keys in several slots (exclusive locks only): group by group, giving back what was
+            // taken on a refusal.
+            let mut fences = vec![0; if ask.fencing { names.len() } else { 0 }];
             for (taken, (slot, members)) in groups.iter().enumerate() {
                 let subset: Vec<Arc<str>> =
                     members.iter().map(|&i| Arc::clone(&names[i])).collect();
-                let outcome = self.calls.acquire(conn, &subset, token, ttl, fencing).await;
+                let outcome = self.calls.acquire(conn, &subset, token, ask).await;
                 let refusal = match outcome {
                     Ok(Attempt::Acquired { fences: got }) => {
                         for (&i, fence) in members.iter().zip(got) {
@@ -298,15 +306,21 @@ impl Node for ClusterNode {
                         }
                         continue;
                     }
-                    Ok(Attempt::Held { index, pttl }) => Ok(Attempt::Held {
+                    Ok(Attempt::Held {
+                        index,
+                        pttl,
+                        ticket,
+                    }) => Ok(Attempt::Held {
                         index: members.get(index).copied().unwrap_or(0),
                         pttl,
+                        ticket,
                     }),
+                    Ok(mismatch @ Attempt::Mismatch { .. }) => Ok(mismatch),
                     Err(failure) => Err(self.at_slot(*slot, failure)),
                 };
                 // Waiters that saw these keys taken are woken: they never were a lock.
                 let back = self
-                    .release_groups(conn, names, &groups[..taken], token, true)
+                    .release_groups(conn, names, &groups[..taken], token, ask.mode, true)
                     .await;
                 return match (refusal, back) {
                     (refusal, Ok(_)) => refusal,
@@ -367,6 +381,7 @@ impl Node for ClusterNode {
                             names: &parts[p],
                             token: items[owners[p].0].token,
                             ttl: items[owners[p].0].ttl,
+                            mode: items[owners[p].0].mode,
                         })
                         .collect();
                     let outcomes = match batch {
@@ -413,12 +428,14 @@ impl Node for ClusterNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         Box::pin(async move {
             let conn = self.conn().await?;
             let groups = self.by_slot(names);
-            self.release_groups(conn, names, &groups, token, wake).await
+            self.release_groups(conn, names, &groups, token, mode, wake)
+                .await
         })
     }
 

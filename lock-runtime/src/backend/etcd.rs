@@ -31,7 +31,9 @@ use etcd_client::{
 use futures_util::future::join_all;
 use tokio::sync::OnceCell;
 
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use super::{
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+};
 use crate::config::{Settings, redact_endpoint};
 use crate::error::{FailureKind, LockError, NodeFailure};
 use crate::wait::WakeRegistry;
@@ -453,7 +455,11 @@ impl Inner {
             let seen = Self::seen(&resp, token);
             if let Some(index) = seen.iter().position(|s| matches!(s, Seen::Theirs)) {
                 self.forget(token);
-                return Ok(Attempt::Held { index, pttl: None });
+                return Ok(Attempt::Held {
+                    index,
+                    pttl: None,
+                    ticket: None,
+                });
             }
             match seen.iter().position(|s| matches!(s, Seen::Absent)) {
                 None => seen
@@ -471,6 +477,7 @@ impl Inner {
                     return Ok(Attempt::Held {
                         index,
                         pttl: Some(Duration::ZERO),
+                        ticket: None,
                     });
                 }
             }
@@ -716,6 +723,8 @@ impl Inner {
                 Ok(Some(NodeView {
                     remaining,
                     fence: u64::try_from(kv.create_revision()).ok(),
+                    holders: 1,
+                    queued: 0,
                 }))
             })
         };
@@ -876,14 +885,20 @@ impl Drop for AbortOnDrop {
 }
 
 impl Node for EtcdNode {
+    fn supports(&self, mode: Mode) -> Result<(), String> {
+        match mode {
+            Mode::Exclusive => Ok(()),
+            other => Err(format!("the etcd backend has no {other} locks yet")),
+        }
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(self.inner.acquire(names, token, ttl, fencing))
+        Box::pin(self.inner.acquire(names, token, ask.ttl, ask.fencing))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -894,6 +909,7 @@ impl Node for EtcdNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        _mode: Mode,
         _wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         // etcd's watches wake the waiters of every client.

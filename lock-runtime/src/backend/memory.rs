@@ -1,11 +1,13 @@
 //! Locks inside this process, with the same contract as Redis: expiry, renewal, fencing and
 //! release wake-ups. Nothing is shared with other processes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use super::{
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+};
 use crate::error::NodeFailure;
 use crate::wait::WakeRegistry;
 
@@ -17,8 +19,15 @@ pub(crate) struct MemoryNode {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Exclusive and fair locks.
     held: HashMap<Arc<str>, Entry>,
+    /// Shared locks and semaphores.
+    groups: HashMap<Arc<str>, Group>,
+    /// Fair locks' waiters.
+    queues: HashMap<Arc<str>, VecDeque<Waiter>>,
     fences: HashMap<Arc<str>, u64>,
+    /// The last fair ticket handed out.
+    tickets: u64,
     /// `held.len()` after the last sweep of expired entries.
     swept_at: usize,
 }
@@ -26,6 +35,41 @@ struct State {
 #[derive(Debug)]
 struct Entry {
     token: Token,
+    expires: Instant,
+}
+
+/// The holders of a shared lock or semaphore, each with its own lease.
+#[derive(Debug)]
+struct Group {
+    /// 0: a shared lock.
+    permits: u32,
+    holders: HashMap<Token, Instant>,
+    /// Until when a waiting writer keeps new readers out.
+    writer_until: Option<Instant>,
+}
+
+impl Group {
+    fn purge(&mut self, now: Instant) {
+        self.holders.retain(|_, expires| *expires > now);
+        if self.writer_until.is_some_and(|w| w <= now) {
+            self.writer_until = None;
+        }
+    }
+
+    /// How long until the first lease runs out.
+    fn first_expiry(&self, now: Instant) -> Option<Duration> {
+        self.holders
+            .values()
+            .min()
+            .map(|e| e.saturating_duration_since(now))
+    }
+}
+
+/// A fair lock's waiter: its place (`ticket`) and the expiry of its entry's lease.
+#[derive(Debug)]
+struct Waiter {
+    token: Token,
+    ticket: u64,
     expires: Instant,
 }
 
@@ -38,14 +82,49 @@ impl State {
         self.held.get_mut(name)
     }
 
+    /// The live holders of the shared lock or semaphore `name`, if it has any.
+    fn group(&mut self, name: &str, now: Instant) -> Option<&mut Group> {
+        let group = self.groups.get_mut(name)?;
+        group.purge(now);
+        if group.holders.is_empty() {
+            self.groups.remove(name);
+            return None;
+        }
+        self.groups.get_mut(name)
+    }
+
+    /// `name`'s queue without the waiters whose lease ran out.
+    fn queue(&mut self, name: &str, now: Instant) -> Option<&mut VecDeque<Waiter>> {
+        let queue = self.queues.get_mut(name)?;
+        queue.retain(|w| w.expires > now);
+        if queue.is_empty() {
+            self.queues.remove(name);
+            return None;
+        }
+        self.queues.get_mut(name)
+    }
+
     /// Drops expired entries once the table doubled since the last sweep, so locks that are never
     /// released (crashed holders, in Redis terms) do not accumulate.
     fn sweep(&mut self, now: Instant) {
-        if self.held.len() >= 2 * self.swept_at.max(512) {
+        let size = self.held.len() + self.groups.len() + self.queues.len();
+        if size >= 2 * self.swept_at.max(512) {
             self.held.retain(|_, e| e.expires > now);
-            self.swept_at = self.held.len();
+            self.groups.retain(|_, g| {
+                g.purge(now);
+                !g.holders.is_empty()
+            });
+            self.queues.retain(|_, q| {
+                q.retain(|w| w.expires > now);
+                !q.is_empty()
+            });
+            self.swept_at = self.held.len() + self.groups.len() + self.queues.len();
         }
     }
+}
+
+fn until(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl).unwrap_or(now + lock_rules::MAX_TTL)
 }
 
 impl MemoryNode {
@@ -60,49 +139,33 @@ impl MemoryNode {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn acquire_now(
-        &self,
-        names: &[Arc<str>],
-        token: &Token,
-        ttl: Duration,
-        fencing: bool,
-    ) -> Attempt {
+    fn acquire_now(&self, names: &[Arc<str>], token: &Token, ask: Ask) -> Attempt {
         let now = Instant::now();
-        let expires = now.checked_add(ttl).unwrap_or(now + lock_rules::MAX_TTL);
         let mut state = self.state();
         state.sweep(now);
-        let mut ours = Vec::with_capacity(names.len());
-        for (index, name) in names.iter().enumerate() {
-            match state.live(name, now) {
-                Some(entry) if entry.token == *token => ours.push(true),
-                Some(entry) => {
-                    return Attempt::Held {
-                        index,
-                        pttl: Some(entry.expires - now),
-                    };
-                }
-                None => ours.push(false),
-            }
+        match ask.mode {
+            Mode::Exclusive => exclusive(&mut state, names, token, ask, now),
+            Mode::Fair => fair(&mut state, &names[0], token, ask, now),
+            Mode::Shared => shared(&mut state, &names[0], token, ask, 0, now),
+            Mode::Permits(n) => shared(&mut state, &names[0], token, ask, n, now),
         }
-        let mut fences = Vec::new();
-        for (name, ours) in names.iter().zip(ours) {
-            state.held.insert(
-                Arc::clone(name),
-                Entry {
-                    token: token.clone(),
-                    expires,
-                },
-            );
-            if fencing {
-                fences.push(next_fence(&mut state, name, !ours));
-            }
-        }
-        Attempt::Acquired { fences }
     }
 
     fn extend_now(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
         let now = Instant::now();
         let mut state = self.state();
+        if matches!(item.mode, Mode::Shared | Mode::Permits(_)) {
+            let lease = state
+                .group(&item.names[0], now)
+                .and_then(|g| g.holders.get_mut(item.token));
+            return match lease {
+                Some(expires) => {
+                    *expires = until(now, item.ttl);
+                    ExtendOutcome::Extended
+                }
+                None => ExtendOutcome::NotOwned { index: 0 },
+            };
+        }
         for (index, name) in item.names.iter().enumerate() {
             if !state
                 .live(name, now)
@@ -119,28 +182,275 @@ impl MemoryNode {
         ExtendOutcome::Extended
     }
 
-    fn release_now(&self, names: &[Arc<str>], token: &Token, wake: bool) -> bool {
+    fn release_now(&self, names: &[Arc<str>], token: &Token, mode: Mode, wake: bool) -> bool {
         let now = Instant::now();
         let mut released = Vec::with_capacity(names.len());
+        // A fair lock handed to its next waiter: wake that one alone.
+        let mut handed = None;
         {
             let mut state = self.state();
-            for name in names {
-                if state
-                    .live(name, now)
-                    .is_some_and(|entry| entry.token == *token)
-                {
-                    state.held.remove(&**name);
-                    released.push(name);
+            match mode {
+                Mode::Shared | Mode::Permits(_) => {
+                    let name = &names[0];
+                    if let Some(group) = state.groups.get_mut(&**name) {
+                        let lease = group.holders.remove(token);
+                        group.purge(now);
+                        if group.holders.is_empty() {
+                            state.groups.remove(&**name);
+                        }
+                        if lease.is_some_and(|expires| expires > now) {
+                            released.push(name);
+                        }
+                    }
+                }
+                Mode::Exclusive | Mode::Fair => {
+                    for name in names {
+                        if state
+                            .live(name, now)
+                            .is_some_and(|entry| entry.token == *token)
+                        {
+                            state.held.remove(&**name);
+                            released.push(name);
+                        }
+                    }
                 }
             }
-        }
-        if wake {
-            for name in &released {
-                self.wakers.notify(name);
+            if mode == Mode::Fair {
+                handed = hand_over(&mut state, &names[0], token, now);
             }
+        }
+        match handed {
+            Some(ticket) => self.wakers.notify_for(&names[0], ticket),
+            None if wake || mode == Mode::Fair => {
+                for name in &released {
+                    self.wakers.notify(name);
+                }
+            }
+            None => {}
         }
         released.len() == names.len()
     }
+}
+
+/// An exclusive lock on every key of `names`, or none.
+fn exclusive(
+    state: &mut State,
+    names: &[Arc<str>],
+    token: &Token,
+    ask: Ask,
+    now: Instant,
+) -> Attempt {
+    let mut ours = Vec::with_capacity(names.len());
+    for (index, name) in names.iter().enumerate() {
+        if let Some(group) = state.group(name, now) {
+            if group.permits > 0 {
+                return mismatch(name, ask.mode, i64::from(group.permits));
+            }
+            // Readers hold it: a writer that waits keeps new readers out meanwhile.
+            if ask.queue {
+                let mark = until(now, ask.ttl);
+                group.writer_until = Some(group.writer_until.map_or(mark, |w| w.max(mark)));
+            }
+            let last = group.holders.values().max().copied().unwrap_or(now);
+            return Attempt::Held {
+                index,
+                pttl: Some(last.saturating_duration_since(now)),
+                ticket: None,
+            };
+        }
+        match state.live(name, now) {
+            Some(entry) if entry.token == *token => ours.push(true),
+            Some(entry) => {
+                return Attempt::Held {
+                    index,
+                    pttl: Some(entry.expires - now),
+                    ticket: None,
+                };
+            }
+            None => ours.push(false),
+        }
+    }
+    let expires = until(now, ask.ttl);
+    let mut fences = Vec::new();
+    for (name, ours) in names.iter().zip(ours) {
+        state.held.insert(
+            Arc::clone(name),
+            Entry {
+                token: token.clone(),
+                expires,
+            },
+        );
+        if ask.fencing {
+            fences.push(next_fence(state, name, !ours));
+        }
+    }
+    Attempt::Acquired { fences }
+}
+
+/// A fair lock: granted when free and `token` is first in the queue (or nobody queues), or when
+/// a release handed it to `token`; else a waiting caller joins the queue or renews its place.
+fn fair(state: &mut State, name: &Arc<str>, token: &Token, ask: Ask, now: Instant) -> Attempt {
+    if let Some(group) = state.group(name, now) {
+        let permits = i64::from(group.permits);
+        return mismatch(name, ask.mode, permits);
+    }
+    let holder = state
+        .live(name, now)
+        .map(|e| (e.token == *token, e.expires));
+    let head_is_us = state
+        .queue(name, now)
+        .and_then(|q| q.front())
+        .is_none_or(|w| w.token == *token);
+    if holder.is_some_and(|(ours, _)| ours) || (holder.is_none() && head_is_us) {
+        let ours = holder.is_some();
+        if let Some(queue) = state.queues.get_mut(&**name) {
+            queue.retain(|w| w.token != *token);
+        }
+        state.held.insert(
+            Arc::clone(name),
+            Entry {
+                token: token.clone(),
+                expires: until(now, ask.ttl),
+            },
+        );
+        let fences = if ask.fencing {
+            vec![next_fence(state, name, !ours)]
+        } else {
+            Vec::new()
+        };
+        return Attempt::Acquired { fences };
+    }
+    let mut ticket = state
+        .queues
+        .get(&**name)
+        .and_then(|q| q.iter().find(|w| w.token == *token))
+        .map(|w| w.ticket);
+    if ask.queue {
+        let expires = until(now, ask.ttl);
+        match ticket {
+            Some(_) => {
+                if let Some(w) = state
+                    .queues
+                    .get_mut(&**name)
+                    .and_then(|q| q.iter_mut().find(|w| w.token == *token))
+                {
+                    w.expires = expires;
+                }
+            }
+            None => {
+                state.tickets += 1;
+                let t = state.tickets;
+                ticket = Some(t);
+                state
+                    .queues
+                    .entry(Arc::clone(name))
+                    .or_default()
+                    .push_back(Waiter {
+                        token: token.clone(),
+                        ticket: t,
+                        expires,
+                    });
+            }
+        }
+    }
+    let pttl = match holder {
+        Some((_, expires)) => expires.saturating_duration_since(now),
+        None => state
+            .queues
+            .get(&**name)
+            .and_then(|q| q.front())
+            .map_or(Duration::ZERO, |w| w.expires.saturating_duration_since(now)),
+    };
+    Attempt::Held {
+        index: 0,
+        pttl: Some(pttl),
+        ticket,
+    }
+}
+
+/// Takes `token` out of `name`'s queue and, when the lock is free, hands it to the first live
+/// waiter for the rest of its entry's lease. Returns that waiter's ticket.
+fn hand_over(state: &mut State, name: &Arc<str>, token: &Token, now: Instant) -> Option<u64> {
+    if let Some(queue) = state.queues.get_mut(&**name) {
+        queue.retain(|w| w.token != *token);
+    }
+    if state.live(name, now).is_some() {
+        return None;
+    }
+    let next = state.queue(name, now)?.pop_front()?;
+    state.held.insert(
+        Arc::clone(name),
+        Entry {
+            token: next.token,
+            expires: next.expires,
+        },
+    );
+    if state.fences.contains_key(&**name) {
+        next_fence(state, name, true);
+    }
+    Some(next.ticket)
+}
+
+/// A shared lock (`permits` 0) or one permit of a semaphore.
+fn shared(
+    state: &mut State,
+    name: &Arc<str>,
+    token: &Token,
+    ask: Ask,
+    permits: u32,
+    now: Instant,
+) -> Attempt {
+    if let Some(entry) = state.live(name, now) {
+        if permits > 0 {
+            return mismatch(name, ask.mode, -1);
+        }
+        return Attempt::Held {
+            index: 0,
+            pttl: Some(entry.expires.saturating_duration_since(now)),
+            ticket: None,
+        };
+    }
+    let mut ours = false;
+    if let Some(group) = state.group(name, now) {
+        if group.permits != permits {
+            let theirs = i64::from(group.permits);
+            return mismatch(name, ask.mode, theirs);
+        }
+        ours = group.holders.contains_key(token);
+        let refused = !ours
+            && if permits > 0 {
+                group.holders.len() >= permits as usize
+            } else {
+                group.writer_until.is_some()
+            };
+        if refused {
+            return Attempt::Held {
+                index: 0,
+                pttl: group.first_expiry(now),
+                ticket: None,
+            };
+        }
+    }
+    state
+        .groups
+        .entry(Arc::clone(name))
+        .or_insert_with(|| Group {
+            permits,
+            holders: HashMap::new(),
+            writer_until: None,
+        })
+        .holders
+        .insert(token.clone(), until(now, ask.ttl));
+    let fences = if ask.fencing {
+        vec![next_fence(state, name, !ours)]
+    } else {
+        Vec::new()
+    };
+    Attempt::Acquired { fences }
+}
+
+fn mismatch(name: &str, mode: Mode, other: i64) -> Attempt {
+    super::redis::mismatch(name, mode, other)
 }
 
 /// Like Redis: a new counter starts from the clock in microseconds, so tokens still grow across
@@ -168,10 +478,19 @@ impl Node for MemoryNode {
     ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
         let now = Instant::now();
         let mut state = self.state();
-        let remaining = state.live(name, now).map(|entry| entry.expires - now);
-        let view = remaining.map(|remaining| NodeView {
+        let queued = state.queue(name, now).map_or(0, |q| q.len());
+        let held = match state.live(name, now) {
+            Some(entry) => Some((entry.expires - now, 1)),
+            None => state.group(name, now).map(|g| {
+                let last = g.holders.values().max().copied().unwrap_or(now);
+                (last - now, g.holders.len())
+            }),
+        };
+        let view = held.map(|(remaining, holders)| NodeView {
             remaining: Some(remaining),
             fence: state.fences.get(name).copied(),
+            holders,
+            queued,
         });
         Box::pin(std::future::ready(Ok(view)))
     }
@@ -179,8 +498,10 @@ impl Node for MemoryNode {
     fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         let held = {
             let mut state = self.state();
-            let held = state.live(name, Instant::now()).is_some();
+            let now = Instant::now();
+            let held = state.live(name, now).is_some() || state.group(name, now).is_some();
             state.held.remove(name);
+            state.groups.remove(name);
             held
         };
         if held {
@@ -189,14 +510,17 @@ impl Node for MemoryNode {
         Box::pin(std::future::ready(Ok(held)))
     }
 
+    fn supports(&self, _: Mode) -> Result<(), String> {
+        Ok(())
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let attempt = self.acquire_now(names, token, ttl, fencing);
+        let attempt = self.acquire_now(names, token, ask);
         Box::pin(std::future::ready(Ok(attempt)))
     }
 
@@ -209,9 +533,10 @@ impl Node for MemoryNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.release_now(names, token, wake);
+        let ours = self.release_now(names, token, mode, wake);
         Box::pin(std::future::ready(Ok(ours)))
     }
 

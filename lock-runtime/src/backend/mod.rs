@@ -22,7 +22,7 @@ pub(crate) use cluster::ClusterNode;
 pub(crate) use etcd::{EtcdAddrs, EtcdNode};
 pub(crate) use memory::MemoryNode;
 pub(crate) use redis::RedisNode;
-pub use redis::{KeyKind, lock_name_of, redis_keys};
+pub use redis::{KeyKind, lock_name_of, redis_key, redis_keys};
 pub(crate) use redlock::Quorum;
 pub use redlock::gate_of;
 pub(crate) use sentinel::SentinelNode;
@@ -36,26 +36,31 @@ pub(crate) type Names = Arc<[Arc<str>]>;
 /// One lock server. Every method is one request (one script call per Redis node), bounded by the
 /// node's own request timeout, and covers every key of a lock at once.
 pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
+    /// Whether this node can hold locks of `mode`; `Err` says why not (a `Config` error for the
+    /// caller).
+    fn supports(&self, mode: Mode) -> Result<(), String>;
+
     /// Takes every key of `names` for `token`, or none; refreshes those `token` already holds (a
     /// retry after an unknown outcome answers "ours" rather than "held").
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>>;
 
     /// Extends each item for which the node still holds its token on every key; one outcome per
     /// item, in order. A bad item never fails the others.
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>>;
 
-    /// Deletes every key of `names` that `token` holds and, when `wake`, notifies their waiters.
-    /// `Ok(true)` when all of them were ours.
+    /// Deletes every key of `names` that `token` holds (as `mode`) and, when `wake`, notifies
+    /// their waiters; also takes `token` out of any queue of `names`. `Ok(true)` when all of them
+    /// were ours.
     fn release<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>>;
 
@@ -91,6 +96,10 @@ pub(crate) struct NodeView {
     pub(crate) remaining: Option<Duration>,
     /// The key's fence counter, when it has one.
     pub(crate) fence: Option<u64>,
+    /// Holders with a live lease: 1 for an exclusive lock.
+    pub(crate) holders: usize,
+    /// Waiters in a fair lock's queue with a live lease.
+    pub(crate) queued: usize,
 }
 
 /// A waiter's interest in one node's release notifications for one lock.
@@ -114,6 +123,45 @@ pub(crate) struct ExtendItem<'a> {
     pub(crate) names: &'a [Arc<str>],
     pub(crate) token: &'a Token,
     pub(crate) ttl: Duration,
+    pub(crate) mode: Mode,
+}
+
+/// What kind of hold an acquisition asks for (see `Lock::fair`, `Lock::shared`,
+/// `Lock::permits`). Shared, fair and permit locks take one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) enum Mode {
+    /// One holder (the default; the writer of a read/write lock).
+    #[default]
+    Exclusive,
+    /// One holder; waiters are granted the lock in the order they arrived.
+    Fair,
+    /// One of any number of shared holders (readers); never together with an exclusive holder.
+    Shared,
+    /// One of at most this many holders (a semaphore).
+    Permits(u32),
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::Fair => f.write_str("fair"),
+            Mode::Shared => f.write_str("shared"),
+            Mode::Permits(n) => write!(f, "permits = {n}"),
+        }
+    }
+}
+
+/// One acquire attempt as a node sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) mode: Mode,
+    /// The caller waits if refused: a fair waiter joins the queue (or refreshes its entry), a
+    /// writer refused by readers marks itself waiting so that no new reader gets in. Each mark
+    /// lives `ttl` unless renewed by the next attempt.
+    pub(crate) queue: bool,
 }
 
 /// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a
@@ -150,10 +198,16 @@ pub(crate) enum Attempt {
     /// Someone else holds the key at `index`; `pttl` is its remaining time to live when known.
     /// `Some(ZERO)` says it is about to be free (it expires, or, in Redlock, the vote was split
     /// and every contender is withdrawing): retry soon, after a short jittered pause.
+    /// `ticket` is a fair waiter's place in the queue: a release that hands the lock to another
+    /// waiter wakes only that one (`None`: every release wakes this waiter).
     Held {
         index: usize,
         pttl: Option<Duration>,
+        ticket: Option<u64>,
     },
+    /// The lock is used in another mode by its other callers (say `permits = 3` against
+    /// `permits = 5`): never granted, reported as a `Config` error naming `field`.
+    Mismatch { field: &'static str, reason: String },
 }
 
 /// The answer to one extension.
@@ -187,15 +241,19 @@ impl Backend {
         &self,
         names: &Names,
         token: &Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> Result<Attempt, Vec<NodeFailure>> {
         match self {
-            Backend::One(node) => node
-                .acquire(names, token, ttl, fencing)
-                .await
-                .map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => quorum.acquire(names, token, ttl, fencing).await,
+            Backend::One(node) => node.acquire(names, token, ask).await.map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.acquire(names, token, ask).await,
+        }
+    }
+
+    /// Whether locks of `mode` can be held here.
+    pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
+        match self {
+            Backend::One(node) => node.supports(mode),
+            Backend::Quorum(quorum) => quorum.supports(mode),
         }
     }
 
@@ -222,11 +280,15 @@ impl Backend {
         &self,
         names: &Names,
         token: &Token,
+        mode: Mode,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         match self {
-            Backend::One(node) => node.release(names, token, wake).await.map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => quorum.release(names, token, wake).await,
+            Backend::One(node) => node
+                .release(names, token, mode, wake)
+                .await
+                .map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.release(names, token, mode, wake).await,
         }
     }
 
@@ -263,6 +325,7 @@ pub(crate) struct OwnedExtendItem {
     pub(crate) names: Names,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    pub(crate) mode: Mode,
 }
 
 impl OwnedExtendItem {
@@ -271,6 +334,7 @@ impl OwnedExtendItem {
             names: &self.names,
             token: &self.token,
             ttl: self.ttl,
+            mode: self.mode,
         }
     }
 }

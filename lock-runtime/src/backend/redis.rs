@@ -11,7 +11,8 @@ use tokio::sync::{Notify, watch};
 
 use super::scripts;
 use super::{
-    Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token, millis,
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    millis,
 };
 use crate::config::{NodeAddr, Settings};
 use crate::error::{LockError, NodeFailure};
@@ -31,19 +32,18 @@ const EXTEND_CHUNK: usize = 512;
 ///   followed by `=` and the escaped name: `lock:{t}=a:%7Bt%7D`, `lock:{t}:fence=a:%7Bt%7D`, ...
 ///
 /// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
-/// without a tag, and carries an `=` with one.
+/// (or, for fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
 pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| redis_key(prefix, name, kind))
+}
+
+/// The Redis key (or channel) of `kind` of the lock `name` under `prefix` (see [`redis_keys`]).
+pub fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
     let escaped = escape(name);
-    let (tag, rest) = match hash_tag(name) {
-        Some(tag) => (tag, ["=", &*escaped].concat()),
-        None => (&*escaped, String::new()),
-    };
-    let base = [prefix, "{", tag, "}"].concat();
-    [
-        [base.as_str(), rest.as_str()].concat(),
-        [base.as_str(), ":fence", rest.as_str()].concat(),
-        [base.as_str(), ":released", rest.as_str()].concat(),
-    ]
+    match hash_tag(name) {
+        Some(tag) => [prefix, "{", tag, "}", kind.suffix(), "=", &escaped].concat(),
+        None => [prefix, "{", &escaped, "}", kind.suffix()].concat(),
+    }
 }
 
 /// Which of a lock's Redis keys [`lock_name_of`] reads.
@@ -55,6 +55,10 @@ pub enum KeyKind {
     Fence,
     /// The release channel.
     Released,
+    /// A fair lock's waiters, scored by ticket (arrival).
+    Queue,
+    /// A fair lock's waiters, scored by the expiry of their entry's lease.
+    QueueLeases,
 }
 
 impl KeyKind {
@@ -63,6 +67,8 @@ impl KeyKind {
             KeyKind::Lock => "",
             KeyKind::Fence => ":fence",
             KeyKind::Released => ":released",
+            KeyKind::Queue => ":queue",
+            KeyKind::QueueLeases => ":queue-leases",
         }
     }
 }
@@ -79,7 +85,7 @@ pub fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
     } else {
         unescape(after.strip_prefix('=')?)?
     };
-    (redis_keys(prefix, &name)[kind as usize] == key).then_some(name)
+    (redis_key(prefix, &name, kind) == key).then_some(name)
 }
 
 fn unescape(escaped: &str) -> Option<String> {
@@ -235,6 +241,10 @@ impl Calls {
         redis_keys(&self.prefix, name)
     }
 
+    fn key(&self, name: &str, kind: KeyKind) -> String {
+        redis_key(&self.prefix, name, kind)
+    }
+
     async fn bounded<T>(
         &self,
         what: &str,
@@ -306,10 +316,12 @@ impl Calls {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for item in chunk {
-            let mut invocation = scripts::EXTEND.prepare_invoke();
+            let mut invocation = match item.mode {
+                Mode::Exclusive | Mode::Fair => scripts::EXTEND.prepare_invoke(),
+                Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
+            };
             for name in item.names {
-                let [lock, ..] = self.keys(name);
-                invocation.key(lock);
+                invocation.key(self.key(name, KeyKind::Lock));
             }
             invocation.arg(item.token.as_str()).arg(millis(item.ttl));
             pipe.invoke_script(&invocation);
@@ -337,10 +349,11 @@ impl Calls {
         };
         if lost_scripts(&replies) {
             // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
-            replies = match self
-                .bounded("script load", scripts::EXTEND.load_async(&mut conn))
-                .await
-            {
+            let load = async {
+                scripts::EXTEND.load_async(&mut conn).await?;
+                scripts::SHARED_EXTEND.load_async(&mut conn).await
+            };
+            replies = match self.bounded("script load", load).await {
                 Ok(_) => self.bounded("extend", pipe.query_async(&mut conn)).await,
                 Err(failure) => Err(failure),
             };
@@ -397,17 +410,30 @@ impl Calls {
         conn: &C,
         name: &str,
     ) -> Result<Option<NodeView>, NodeFailure> {
-        let [lock, fence, _] = self.keys(name);
-        let mut pipe = redis::pipe();
-        pipe.cmd("PTTL").arg(lock).cmd("GET").arg(fence);
+        let mut invocation = scripts::INSPECT.prepare_invoke();
+        invocation
+            .key(self.key(name, KeyKind::Lock))
+            .key(self.key(name, KeyKind::Fence))
+            .key(self.key(name, KeyKind::QueueLeases));
         let mut conn = conn.clone();
-        let (pttl, fence): (i64, Option<String>) =
-            self.bounded("inspect", pipe.query_async(&mut conn)).await?;
-        // -2: no such key.
-        Ok((pttl != -2).then(|| NodeView {
-            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            fence: fence.and_then(|f| f.parse().ok()),
-        }))
+        let reply: Vec<i64> = self
+            .bounded("inspect", invocation.invoke_async(&mut conn))
+            .await?;
+        let count = |n: i64| usize::try_from(n).unwrap_or(0);
+        match reply.as_slice() {
+            // -2: no such key.
+            [-2] => Ok(None),
+            [pttl, fence, holders, queued] => Ok(Some(NodeView {
+                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                fence: u64::try_from(*fence).ok(),
+                holders: count(*holders),
+                queued: count(*queued),
+            })),
+            _ => Err(NodeFailure::response(
+                &self.addr,
+                "inspect: unexpected reply",
+            )),
+        }
     }
 
     pub(crate) async fn force_release<C: Conn>(
@@ -430,26 +456,53 @@ impl Calls {
         conn: &C,
         names: &[Arc<str>],
         token: &Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> Result<Attempt, NodeFailure> {
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        let mut fences = Vec::with_capacity(names.len());
-        for name in names {
-            let [lock, fence, _] = self.keys(name);
-            invocation.key(lock);
-            fences.push(fence);
-        }
-        for fence in fences {
-            invocation.key(fence);
+        let Ask {
+            ttl,
+            fencing,
+            mode,
+            queue,
+        } = ask;
+        let flag = |on: bool| if on { "1" } else { "0" };
+        let script = match mode {
+            Mode::Exclusive => &scripts::ACQUIRE,
+            Mode::Fair => &scripts::FAIR_ACQUIRE,
+            Mode::Shared | Mode::Permits(_) => &scripts::SHARED_ACQUIRE,
+        };
+        let mut invocation = script.prepare_invoke();
+        match mode {
+            Mode::Exclusive => {
+                for name in names {
+                    invocation.key(self.key(name, KeyKind::Lock));
+                }
+                for name in names {
+                    invocation.key(self.key(name, KeyKind::Fence));
+                }
+            }
+            Mode::Fair | Mode::Shared | Mode::Permits(_) => {
+                let name = &names[0];
+                invocation
+                    .key(self.key(name, KeyKind::Lock))
+                    .key(self.key(name, KeyKind::Fence));
+                if mode == Mode::Fair {
+                    invocation
+                        .key(self.key(name, KeyKind::Queue))
+                        .key(self.key(name, KeyKind::QueueLeases));
+                }
+            }
         }
         invocation
             .arg(token.as_str())
             .arg(millis(ttl))
-            .arg(if fencing { "1" } else { "0" });
-        let (reply, acks): (Vec<i64>, _) = self
-            .invoke(conn, "acquire", &scripts::ACQUIRE, &invocation)
-            .await?;
+            .arg(flag(fencing));
+        match mode {
+            Mode::Exclusive | Mode::Fair => invocation.arg(flag(queue)),
+            Mode::Shared => invocation.arg(0),
+            Mode::Permits(n) => invocation.arg(n),
+        };
+        let (reply, acks): (Vec<i64>, _) =
+            self.invoke(conn, "acquire", script, &invocation).await?;
         match reply.as_slice() {
             [1, fences @ ..] if fences.len() == names.len() => {
                 if let (Some(acks), Some(replicas)) = (acks, self.replicas) {
@@ -457,7 +510,7 @@ impl Calls {
                         // Not a grant until replicated: withdraw it (nobody waits for a lock
                         // that never was).
                         let short = self.too_few_replicas("grant", acks);
-                        return match self.release(conn, names, token, false).await {
+                        return match self.release(conn, names, token, mode, false).await {
                             Ok(_) => Err(short),
                             Err(failure) => Err(NodeFailure {
                                 detail: format!("{}; withdrawing it failed too", short.detail),
@@ -477,11 +530,21 @@ impl Calls {
                     },
                 })
             }
-            [0, index, pttl] => Ok(Attempt::Held {
+            [0, index, pttl, rest @ ..] if rest.len() <= 1 => Ok(Attempt::Held {
                 index: usize::try_from(*index - 1).unwrap_or(0),
                 // -1: the key has no expiry (set by someone else without one); wait by backoff.
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                ticket: rest
+                    .first()
+                    .and_then(|t| u64::try_from(*t).ok())
+                    .filter(|t| *t > 0),
             }),
+            [2, index, other] => {
+                let key = names
+                    .get(usize::try_from(*index - 1).unwrap_or(0))
+                    .unwrap_or(&names[0]);
+                Ok(mismatch(key, mode, *other))
+            }
             _ => Err(NodeFailure::response(
                 &self.addr,
                 "acquire: unexpected reply",
@@ -494,15 +557,50 @@ impl Calls {
         conn: &C,
         names: &[Arc<str>],
         token: &Token,
+        mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
-        let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.arg(token.as_str()).arg(self.publish);
-        for name in names {
-            let [lock, _, channel] = self.keys(name);
-            invocation
-                .key(lock)
-                .arg(if wake { channel } else { String::new() });
+        let channel = |name: &str| {
+            if wake {
+                self.key(name, KeyKind::Released)
+            } else {
+                String::new()
+            }
+        };
+        let mut invocation;
+        match mode {
+            Mode::Exclusive => {
+                invocation = scripts::RELEASE.prepare_invoke();
+                invocation.arg(token.as_str()).arg(self.publish);
+                for name in names {
+                    invocation
+                        .key(self.key(name, KeyKind::Lock))
+                        .arg(channel(name));
+                }
+            }
+            Mode::Fair => {
+                // Always with its channel: leaving the queue may hand the lock to the next
+                // waiter, who must be woken.
+                let name = &names[0];
+                invocation = scripts::FAIR_RELEASE.prepare_invoke();
+                invocation
+                    .key(self.key(name, KeyKind::Lock))
+                    .key(self.key(name, KeyKind::Fence))
+                    .key(self.key(name, KeyKind::Queue))
+                    .key(self.key(name, KeyKind::QueueLeases))
+                    .arg(token.as_str())
+                    .arg(self.publish)
+                    .arg(self.key(name, KeyKind::Released));
+            }
+            Mode::Shared | Mode::Permits(_) => {
+                let name = &names[0];
+                invocation = scripts::SHARED_RELEASE.prepare_invoke();
+                invocation
+                    .key(self.key(name, KeyKind::Lock))
+                    .arg(token.as_str())
+                    .arg(self.publish)
+                    .arg(channel(name));
+            }
         }
         let mut conn = conn.clone();
         let deleted: i64 = self
@@ -529,6 +627,29 @@ impl Calls {
     }
 }
 
+/// The answer to a caller of `key` in `mode` whose other callers use it as a lock of another
+/// kind: `other` is their permit count (0: a shared lock, -1: an exclusive lock).
+pub(crate) fn mismatch(key: &str, mode: Mode, other: i64) -> Attempt {
+    let theirs = match other {
+        -1 => "an exclusive lock".to_owned(),
+        0 => "a shared (read/write) lock".to_owned(),
+        n => format!("a semaphore with permits = {n}"),
+    };
+    let field = match mode {
+        Mode::Permits(_) => "permits",
+        Mode::Shared => "shared",
+        Mode::Fair => "fair",
+        Mode::Exclusive => "permits",
+    };
+    Attempt::Mismatch {
+        field,
+        reason: format!(
+            "key {key:?} is used as {theirs} by its other callers; this call asks for a {mode} \
+             lock: every caller of a key must use it the same way"
+        ),
+    }
+}
+
 /// A connection [`Calls`] can use.
 pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
 
@@ -550,14 +671,17 @@ impl Node for RedisNode {
         Box::pin(self.calls.force_release(&self.conn, name))
     }
 
+    fn supports(&self, _: Mode) -> Result<(), String> {
+        Ok(())
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(self.calls.acquire(&self.conn, names, token, ttl, fencing))
+        Box::pin(self.calls.acquire(&self.conn, names, token, ask))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -568,9 +692,10 @@ impl Node for RedisNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(self.calls.release(&self.conn, names, token, wake))
+        Box::pin(self.calls.release(&self.conn, names, token, mode, wake))
     }
 
     fn raise_fences<'a>(

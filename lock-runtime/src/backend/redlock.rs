@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Attempt, ExtendOutcome, Names, Node, OwnedExtendItem, Subscription, Token};
+use super::{Ask, Attempt, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Subscription, Token};
 use crate::error::NodeFailure;
 
 pub(crate) struct Quorum {
@@ -146,8 +146,7 @@ async fn acquire_on(
     step: NodeStep,
     names: Names,
     token: Token,
-    ttl: Duration,
-    fencing: bool,
+    ask: Ask,
     reply_tx: mpsc::UnboundedSender<Result<Attempt, NodeFailure>>,
     mut verdict: watch::Receiver<Option<bool>>,
 ) {
@@ -161,7 +160,7 @@ async fn acquire_on(
         return;
     }
     step.after_previous().await;
-    let reply = node.acquire(&names, &token, ttl, fencing).await;
+    let reply = node.acquire(&names, &token, ask).await;
     if let Err(failure) = &reply {
         step.mark_failed(failure);
     }
@@ -177,7 +176,7 @@ async fn acquire_on(
         // attempt at once: a busy loop for as long as a real holder keeps a majority that
         // lacks the gate (say the gate restarted empty). Contenders after a split retry after
         // a short jittered pause instead (`Attempt::Held` with `pttl` zero).
-        if let Err(failure) = node.release(&names, &token, false).await {
+        if let Err(failure) = node.release(&names, &token, ask.mode, false).await {
             step.mark_failed(&failure);
         }
     }
@@ -233,13 +232,37 @@ impl Quorum {
     /// costs one round trip more, so an uncontended lock skips it; a gate that does not answer
     /// within [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked
     /// then, and its answer counts when it comes.
+    /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
+    /// lock excludes another. Semaphores and fair queues are not offered: see the messages.
+    pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
+        match mode {
+            Mode::Exclusive | Mode::Shared => {
+                self.nodes.iter().try_for_each(|node| node.supports(mode))
+            }
+            Mode::Permits(_) => Err(
+                "Redlock cannot offer a semaphore safely: each node counts its own holders, and \
+                 with more than one permit, more holders than permits can each win a different \
+                 majority (5 nodes, 2 permits: three holders on nodes {1,2,3}, {3,4,5} and \
+                 {1,2,4} leave no node over its count). Use a single node, Sentinel, Cluster or \
+                 etcd for permits"
+                    .to_owned(),
+            ),
+            Mode::Fair => Err(
+                "Redlock has no fair locks: each node would keep its own queue, the nodes can \
+                 disagree on the order, and a split vote would then hand the lock to nobody. Use \
+                 a single node, Sentinel, Cluster or etcd for fair locks"
+                    .to_owned(),
+            ),
+        }
+    }
+
     pub(crate) async fn acquire(
         &self,
         names: &Names,
         token: &Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> Result<Attempt, Vec<NodeFailure>> {
+        let fencing = ask.fencing;
         let (reply_tx, mut replies) = mpsc::unbounded_channel();
         // `Some(true)`: the lock is ours, keep every grant. `Some(false)` (or the sender dropped
         // before deciding): withdraw them.
@@ -251,9 +274,8 @@ impl Quorum {
             let node = Arc::clone(&self.nodes[step.index]);
             let (names, token) = (Arc::clone(names), token.clone());
             let (reply_tx, verdict) = (reply_tx.clone(), verdict.clone());
-            self.tasks.spawn(acquire_on(
-                node, step, names, token, ttl, fencing, reply_tx, verdict,
-            ));
+            self.tasks
+                .spawn(acquire_on(node, step, names, token, ask, reply_tx, verdict));
         };
         let mut first = None;
         if n > 1 && self.contended_recently(&names[0]) {
@@ -261,13 +283,17 @@ impl Quorum {
                 spawn(step);
             }
             match tokio::time::timeout(GATE_PATIENCE, replies.recv()).await {
-                Ok(Some(Ok(Attempt::Held { index, pttl }))) => {
+                Ok(Some(Ok(Attempt::Held { index, pttl, .. }))) => {
                     // The gate's holder (or a contender that got there first) goes on; nothing
                     // was sent to the other nodes. Their steps end unused.
                     drop(steps);
                     verdict_tx.send_replace(Some(false));
                     self.mark_contended(&names[0]);
-                    return Ok(Attempt::Held { index, pttl });
+                    return Ok(Attempt::Held {
+                        index,
+                        pttl,
+                        ticket: None,
+                    });
                 }
                 Ok(reply) => first = reply,
                 // Not answering in time: ask the others now; its answer counts when it comes.
@@ -285,6 +311,7 @@ impl Quorum {
         // Per key, the largest token of the granting nodes.
         let mut fences = vec![0u64; if fencing { names.len() } else { 0 }];
         let mut held: Option<(usize, Option<Duration>)> = None;
+        let mut mismatch = None;
         let mut failures = Vec::new();
         loop {
             let reply = match first.take() {
@@ -302,7 +329,12 @@ impl Quorum {
                         *f = (*f).max(g);
                     }
                 }
-                Ok(Attempt::Held { index, pttl }) => {
+                Ok(Attempt::Mismatch { field, reason }) => {
+                    // Never granted: counts as a refusal, and is the answer unless a quorum
+                    // (of nodes that disagree with this one) grants it.
+                    mismatch = Some(Attempt::Mismatch { field, reason });
+                }
+                Ok(Attempt::Held { index, pttl, .. }) => {
                     // The blocking key with the shortest known remaining time.
                     let shorter = match (held, pttl) {
                         (None, _) | (Some((_, None)), Some(_)) => true,
@@ -335,6 +367,8 @@ impl Quorum {
             Ok(Attempt::Acquired { fences })
         } else if failures.len() > spare {
             Err(failures)
+        } else if let Some(mismatch) = mismatch {
+            Ok(mismatch)
         } else if won > 0 {
             self.mark_contended(&names[0]);
             // A split vote: this attempt won some nodes, so no holder has them all; the other
@@ -345,11 +379,16 @@ impl Quorum {
             Ok(Attempt::Held {
                 index,
                 pttl: Some(Duration::ZERO),
+                ticket: None,
             })
         } else {
             self.mark_contended(&names[0]);
             let (index, pttl) = held.unwrap_or((0, None));
-            Ok(Attempt::Held { index, pttl })
+            Ok(Attempt::Held {
+                index,
+                pttl,
+                ticket: None,
+            })
         }
     }
 
@@ -496,6 +535,7 @@ impl Quorum {
         &self,
         names: &Names,
         token: &Token,
+        mode: Mode,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
@@ -509,7 +549,7 @@ impl Quorum {
             // Its own task, so each node completes even if nobody waits.
             self.tasks.spawn(async move {
                 step.after_previous().await;
-                let reply = node.release(&names, &token, wake).await;
+                let reply = node.release(&names, &token, mode, wake).await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }

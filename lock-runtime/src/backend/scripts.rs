@@ -5,10 +5,14 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: the n lock keys, then their n fence keys. ARGV: token, ttl_ms, fencing ("1" or "0").
+/// KEYS: the n lock keys, then their n fence keys. ARGV: token, ttl_ms, fencing ("1" or "0"),
+/// queue ("1": the caller waits if refused).
 /// Takes every lock key for the token, or none.
 /// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
-/// `{0, i, pttl}` when someone else holds key `i`. Idempotent for one token: an attempt whose
+/// `{0, i, pttl}` when someone else holds key `i`, `{2, i, n}` when key `i` is a semaphore of
+/// `n` permits. Key `i` held by shared holders (a read lock, see [`SHARED_ACQUIRE`]) counts as
+/// held, and a caller that waits marks itself as a waiting writer there (until `now + ttl`,
+/// renewed by its next attempt), which keeps new readers out. Idempotent for one token: an attempt whose
 /// reply was lost can be sent again and answers "ours" (refreshing the TTL) instead of "held".
 ///
 /// Every step that can fail (a key of the wrong type, a fence that is not a number, `OOM`) comes
@@ -26,9 +30,22 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
 local n = #KEYS / 2
 local ours = {}
 for i = 1, n do
-  local holder = redis.call('GET', KEYS[i])
+  local holder = redis.pcall('GET', KEYS[i])
   if holder == ARGV[1] then
     ours[i] = true
+  elseif type(holder) == 'table' and redis.call('TYPE', KEYS[i]).ok == 'zset' then
+    if not redis.call('ZSCORE', KEYS[i], '#shared') then
+      local other = redis.call('ZRANGEBYSCORE', KEYS[i], '+inf', '+inf')[1] or ''
+      return {2, i, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
+    end
+    if ARGV[4] == '1' then
+      local t = redis.call('TIME')
+      local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+      redis.call('ZADD', KEYS[i], 'GT', until_ms, '#w')
+    end
+    return {0, i, redis.call('PTTL', KEYS[i])}
+  elseif type(holder) == 'table' then
+    return holder
   elseif holder then
     return {0, i, redis.call('PTTL', KEYS[i])}
   end
@@ -136,4 +153,250 @@ end
 return 0
 ",
     )
+});
+
+/// Lua shared by the scripts of fair, shared and permit locks: the server's clock in
+/// milliseconds, as `now`.
+const NOW: &str = r"
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+";
+
+/// Lua that drops the fair queue entries whose lease ran out. Needs `Q` (waiters by ticket,
+/// their arrival in microseconds), `E` (waiters by lease expiry in milliseconds) and `now`.
+const PURGE_QUEUE: &str = r"
+local gone = redis.call('ZRANGEBYSCORE', E, '-inf', now)
+for _, w in ipairs(gone) do redis.call('ZREM', Q, w) end
+if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
+";
+
+fn script(parts: &[&str]) -> Script {
+    Script::new(&parts.concat())
+}
+
+/// A fair lock. KEYS: lock, fence, queue, queue leases. ARGV: token, ttl_ms, fencing ("1" or
+/// "0"), queue ("1": the caller waits if refused).
+///
+/// The lock is granted when it is free and the caller is first in the queue (or the queue is
+/// empty), or when a release already handed it to the caller. Otherwise a waiting caller joins
+/// the queue (its ticket is its arrival time on the server, in microseconds) or renews its entry's
+/// lease to `ttl`; an entry whose lease runs out leaves the queue.
+/// Returns `{1, fence}` when granted, `{0, 1, pttl, ticket}` when not (ticket 0: not queued),
+/// `{2, 1, n}` when the key holds a shared lock (`n` 0) or a semaphore of `n` permits.
+pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "#!lua\nlocal K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        NOW,
+        PURGE_QUEUE,
+        r"
+local token, ttl = ARGV[1], tonumber(ARGV[2])
+local holder = redis.pcall('GET', K)
+if type(holder) == 'table' then
+  if redis.call('TYPE', K).ok ~= 'zset' then return holder end
+  local other = redis.call('ZRANGEBYSCORE', K, '+inf', '+inf')[1] or ''
+  return {2, 1, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
+end
+local function take(ours)
+  local f = 0
+  if ARGV[3] == '1' then
+    if ours then f = tonumber(redis.call('GET', F) or '') end
+    if not f or not ours then
+      f = redis.call('INCR', F)
+      if f == 1 then
+        f = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+        redis.call('SET', F, f)
+      end
+    end
+  end
+  redis.call('ZREM', Q, token)
+  redis.call('ZREM', E, token)
+  redis.call('SET', K, token, 'PX', ttl)
+  return {1, f}
+end
+if holder == token then return take(true) end
+local head = redis.call('ZRANGE', Q, 0, 0)[1]
+if not holder and (not head or head == token) then return take(false) end
+local ticket = redis.call('ZSCORE', Q, token)
+if ARGV[4] == '1' then
+  if not ticket then
+    ticket = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+    redis.call('ZADD', Q, ticket, token)
+  end
+  redis.call('ZADD', E, now + ttl, token)
+  for _, k in ipairs({Q, E}) do
+    if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+  end
+end
+local pttl
+if holder then
+  pttl = redis.call('PTTL', K)
+else
+  pttl = math.max(tonumber(redis.call('ZSCORE', E, head) or now) - now, 0)
+end
+return {0, 1, pttl, tonumber(ticket or 0)}
+",
+    ])
+});
+
+/// Releases a fair lock, or takes a waiter out of the queue. KEYS: lock, fence, queue, queue
+/// leases. ARGV: token, the publish command, release channel.
+///
+/// Deletes the lock if `token` holds it and drops `token`'s queue entry. If the lock is then
+/// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
+/// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
+/// the waiter alone woken (the message carries its ticket). Returns 1 when `token` held the lock.
+pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        NOW,
+        r"
+local released = 0
+local holder = redis.pcall('GET', K)
+if holder == ARGV[1] then
+  redis.call('DEL', K)
+  released = 1
+  holder = false
+end
+redis.call('ZREM', Q, ARGV[1])
+redis.call('ZREM', E, ARGV[1])
+if holder then return released end
+",
+        PURGE_QUEUE,
+        r"
+local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
+if head[1] then
+  local lease = tonumber(redis.call('ZSCORE', E, head[1])) - now
+  redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
+  redis.call('ZREM', Q, head[1])
+  redis.call('ZREM', E, head[1])
+  if redis.call('EXISTS', F) == 1 then redis.call('INCR', F) end
+  redis.pcall(ARGV[2], ARGV[3], head[2])
+elseif released == 1 then
+  redis.pcall(ARGV[2], ARGV[3], '')
+end
+return released
+",
+    ])
+});
+
+/// A shared lock (`ARGV[4]` = "0") or one permit of a semaphore (`ARGV[4]` = the permit count).
+/// KEYS: lock, fence. ARGV: token, ttl_ms, fencing ("1" or "0"), permits.
+///
+/// The lock key is a sorted set: each holder's token scored by its lease's expiry (server
+/// milliseconds), a member `#shared` or `#permits=N` scored `+inf` saying what the key is, and
+/// for a shared lock an optional `#w` scored by the expiry of the latest waiting writer's mark
+/// (while it lives no new reader gets in). The key lives as long as its longest lease.
+/// Returns `{1, fence}` when granted, `{0, 1, pttl}` when not, `{2, 1, n}` when the key is used
+/// with another mode (`n`: its permit count, 0 for shared, -1 for an exclusive lock).
+pub(crate) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "#!lua\nlocal K, F = KEYS[1], KEYS[2]\n",
+        NOW,
+        r"
+local token, ttl, permits = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local meta = '#shared'
+if permits > 0 then meta = '#permits=' .. permits end
+local kind = redis.call('TYPE', K).ok
+if kind == 'string' then
+  if permits == 0 then return {0, 1, redis.call('PTTL', K)} end
+  return {2, 1, -1}
+end
+local ours = false
+if kind == 'zset' then
+  if not redis.call('ZSCORE', K, meta) then
+    local other = redis.call('ZRANGEBYSCORE', K, '+inf', '+inf')[1] or ''
+    return {2, 1, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
+  end
+  redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
+  local mine = redis.call('ZSCORE', K, token)
+  ours = mine ~= false and mine ~= nil
+  if not ours then
+    if permits > 0 then
+      if redis.call('ZCARD', K) - 1 >= permits then
+        local first = redis.call('ZRANGE', K, 0, 0, 'WITHSCORES')
+        return {0, 1, math.max(tonumber(first[2]) - now, 0)}
+      end
+    elseif redis.call('ZSCORE', K, '#w') then
+      return {0, 1, redis.call('PTTL', K)}
+    end
+  end
+elseif kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the lock key holds a ' .. kind)
+end
+local f = 0
+if ARGV[3] == '1' then
+  if ours then f = tonumber(redis.call('GET', F) or '') end
+  if not f or not ours then
+    f = redis.call('INCR', F)
+    if f == 1 then
+      f = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+      redis.call('SET', F, f)
+    end
+  end
+end
+redis.call('ZADD', K, 'inf', meta)
+redis.call('ZADD', K, now + ttl, token)
+if redis.call('PTTL', K) < ttl then redis.call('PEXPIRE', K, ttl) end
+return {1, f}
+",
+    ])
+});
+
+/// Renews one shared holder or permit. KEYS: lock. ARGV: token, ttl_ms. Returns 1, or -1 when
+/// the token holds no live lease there any more.
+pub(crate) static SHARED_EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "local K = KEYS[1]\n",
+        NOW,
+        r"
+local ttl = tonumber(ARGV[2])
+local lease = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(lease) ~= 'string' or tonumber(lease) <= now then return -1 end
+redis.call('ZADD', K, now + ttl, ARGV[1])
+if redis.call('PTTL', K) < ttl then redis.call('PEXPIRE', K, ttl) end
+return 1
+",
+    ])
+});
+
+/// Gives back one shared hold or permit. KEYS: lock. ARGV: token, the publish command, release
+/// channel ("": wake nobody). Deletes the key when no holder is left. Returns 1 when the token's
+/// lease was live.
+pub(crate) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "local K = KEYS[1]\n",
+        NOW,
+        r"
+local lease = redis.pcall('ZSCORE', K, ARGV[1])
+if type(lease) ~= 'string' then return 0 end
+redis.call('ZREM', K, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
+local left = redis.call('ZCARD', K)
+if left == 1 or (left == 2 and redis.call('ZSCORE', K, '#w')) then redis.call('DEL', K) end
+if ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
+if tonumber(lease) > now then return 1 end
+return 0
+",
+    ])
+});
+
+/// What a node knows of a lock. KEYS: lock, fence, queue leases. Returns `{-2}` when the lock
+/// is not held, else `{pttl, fence (-1: none), live holders, live queued waiters}`.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "local K, F, E = KEYS[1], KEYS[2], KEYS[3]\n",
+        NOW,
+        r"
+local pttl = redis.call('PTTL', K)
+if pttl == -2 then return {-2} end
+local holders = 1
+if redis.call('TYPE', K).ok == 'zset' then
+  holders = redis.call('ZCOUNT', K, '(' .. now, '(inf')
+  local w = redis.call('ZSCORE', K, '#w')
+  if w and tonumber(w) > now then holders = holders - 1 end
+end
+local fence = tonumber(redis.pcall('GET', F)) or -1
+return {pttl, fence, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}
+",
+    ])
 });

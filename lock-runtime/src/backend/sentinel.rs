@@ -17,7 +17,9 @@ use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
 
 use super::redis::RedisNode;
-use super::{Attempt, BoxFuture, ExtendItem, ExtendOutcome, Node, NodeView, Subscription, Token};
+use super::{
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+};
 use crate::config::{NodeAddr, Settings};
 use crate::error::{FailureKind, LockError, NodeFailure};
 use crate::wait::WakeRegistry;
@@ -282,16 +284,21 @@ impl Node for SentinelNode {
         )
     }
 
+    fn supports(&self, _: Mode) -> Result<(), String> {
+        Ok(())
+    }
+
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(self.on_master(move |node| {
-            Box::pin(async move { node.acquire(names, token, ttl, fencing).await })
-        }))
+        Box::pin(
+            self.on_master(move |node| {
+                Box::pin(async move { node.acquire(names, token, ask).await })
+            }),
+        )
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -317,13 +324,12 @@ impl Node for SentinelNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
+        mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(
-            self.on_master(move |node| {
-                Box::pin(async move { node.release(names, token, wake).await })
-            }),
-        )
+        Box::pin(self.on_master(move |node| {
+            Box::pin(async move { node.release(names, token, mode, wake).await })
+        }))
     }
 
     fn raise_fences<'a>(

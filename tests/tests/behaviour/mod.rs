@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+pub(crate) mod kinds;
+
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
 #[cfg(feature = "etcd")]
 use lock_tests::etcd_key;

@@ -1,0 +1,331 @@
+//! Behaviour of the other lock kinds (fair, shared, permits) on every backend that offers them:
+//! `kind_tests!(fixture)` makes one test of each check, `redlock_kind_tests!` the Redlock subset
+//! (shared locks; fair locks and semaphores are refused there).
+
+#![allow(
+    dead_code,
+    reason = "binaries of backends without every kind (Redlock, etcd) leave some checks unused"
+)]
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LockGuard};
+use lock_tests::{bounded, unique_key};
+
+use super::Fx;
+
+const LONG: Duration = Duration::from_secs(10);
+
+async fn queued(client: &LockClient, key: &str) -> usize {
+    client
+        .inspect(key)
+        .await
+        .unwrap()
+        .map_or(0, |info| info.queued)
+}
+
+/// Waits (bounded) until `key`'s fair queue holds `n` waiters.
+async fn until_queued(client: &LockClient, key: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = queued(client, key).await;
+        if seen == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{seen} waiters queue on {key}, not {n}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn is_contended<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
+    matches!(result, Err(LockError::Contended { .. }))
+}
+
+fn config_field<T: std::fmt::Debug>(result: Result<T, LockError>) -> &'static str {
+    match result {
+        Err(LockError::Config { field, .. }) => field,
+        other => panic!("expected a Config error, got {other:?}"),
+    }
+}
+
+/// Five fair waiters that queued one after another get the lock in that order, each handed it
+/// by the release before (woken by it: the retry delay is 5 s).
+pub(crate) async fn fair_waiters_are_served_in_arrival_order(fx: &Fx) {
+    let key = unique_key("kind:fair-order");
+    let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
+    let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (client, k, tx) = (
+            if i % 2 == 0 { fx.b.clone() } else { fx.a.clone() },
+            key.clone(),
+            tx.clone(),
+        );
+        let waiter = fx
+            .start_waiter(&key, async move {
+                let guard = client.lock(&k).fair(true).wait(LONG).acquire().await;
+                let guard = guard.unwrap();
+                tx.send(i).unwrap();
+                guard.release().await.unwrap();
+            })
+            .await;
+        waiters.push(waiter);
+        // Queued before the next one starts.
+        until_queued(&fx.b, &key, i + 1).await;
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    for waiter in waiters {
+        bounded(LONG, "a fair waiter", waiter).await.unwrap();
+    }
+    drop(tx);
+    let mut got = Vec::new();
+    while let Some(i) = order.recv().await {
+        got.push(i);
+    }
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+    // Five hand-offs, each by a wake-up: far below one retry delay.
+    assert!(released.elapsed() < Duration::from_secs(4), "{:?}", released.elapsed());
+    assert_eq!(queued(&fx.b, &key).await, 0);
+}
+
+/// A free fair lock with a queue goes to the queue, not to a caller that did not wait in it.
+pub(crate) async fn fair_lock_is_not_taken_past_the_queue(fx: &Fx) {
+    let key = unique_key("kind:fair-barge");
+    let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
+    let waiter = {
+        let (b, k) = (fx.b.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            b.lock(&k).fair(true).wait(LONG).acquire().await
+        })
+        .await
+    };
+    held.release().await.unwrap();
+    // Handed to the waiter on the server: a newcomer finds it taken even before the waiter
+    // has picked it up.
+    assert!(is_contended(&fx.a.lock(&key).fair(true).acquire().await));
+    let guard = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
+    assert!(guard.fencing_token().is_some());
+    guard.release().await.unwrap();
+    fx.a.lock(&key).fair(true).acquire().await.unwrap().release().await.unwrap();
+}
+
+/// A waiter whose `wait` runs out, and one whose future is dropped, leave the queue at once: the
+/// next waiter is handed the lock on release, not after their 30 s leases.
+pub(crate) async fn fair_waiters_that_give_up_leave_the_queue(fx: &Fx) {
+    let key = unique_key("kind:fair-leave");
+    let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let timed_out = fx
+        .b
+        .lock(&key)
+        .fair(true)
+        .ttl(ttl)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(is_contended(&timed_out), "{timed_out:?}");
+    let cancelled = {
+        let (b, k) = (fx.b.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            b.lock(&k).fair(true).ttl(ttl).wait(LONG).acquire().await
+        })
+        .await
+    };
+    let last = {
+        let (a, k) = (fx.a.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            a.lock(&k).fair(true).wait(LONG).acquire().await
+        })
+        .await
+    };
+    until_queued(&fx.b, &key, 2).await;
+    cancelled.abort();
+    assert!(cancelled.await.is_err());
+    until_queued(&fx.b, &key, 1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = bounded(LONG, "the last waiter", last).await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(4), "{:?}", released.elapsed());
+    guard.release().await.unwrap();
+}
+
+/// Readers share the key; a writer is kept out while they hold it and gets it when the last
+/// one leaves; readers are kept out while the writer holds it.
+pub(crate) async fn shared_holders_overlap_and_exclude_a_writer(fx: &Fx) {
+    let key = unique_key("kind:rw");
+    let r1 = fx.a.lock(&key).shared(true).acquire().await.unwrap();
+    let r2 = fx.b.lock(&key).shared(true).acquire().await.unwrap();
+    assert_ne!(r1.fencing_token(), r2.fencing_token());
+    assert_eq!(fx.b.inspect(&key).await.unwrap().unwrap().holders, 2);
+    assert!(is_contended(&fx.b.lock(&key).acquire().await));
+    r1.release().await.unwrap();
+    assert!(is_contended(&fx.b.lock(&key).acquire().await));
+    r2.release().await.unwrap();
+    let writer = fx.b.lock(&key).acquire().await.unwrap();
+    assert!(is_contended(&fx.a.lock(&key).shared(true).acquire().await));
+    writer.release().await.unwrap();
+    fx.a.lock(&key).shared(true).acquire().await.unwrap().release().await.unwrap();
+}
+
+/// A writer that waits for readers keeps new readers out, so a stream of readers cannot starve
+/// it; it is woken by the last reader's release.
+pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
+    let key = unique_key("kind:rw-writer");
+    let reader = fx.a.lock(&key).shared(true).acquire().await.unwrap();
+    let writer = {
+        let (b, k) = (fx.b.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            let guard = b.lock(&k).wait(LONG).acquire().await;
+            (Instant::now(), guard)
+        })
+        .await
+    };
+    // The writer waits: a new reader is refused although only readers hold the key.
+    let late = fx.a.lock(&key).shared(true).acquire().await;
+    assert!(is_contended(&late), "{late:?}");
+    let released = Instant::now();
+    reader.release().await.unwrap();
+    let (got_at, guard) = bounded(LONG, "the writer", writer).await.unwrap();
+    let guard = guard.unwrap();
+    assert!(got_at - released < Duration::from_secs(2), "{:?}", got_at - released);
+    guard.release().await.unwrap();
+    fx.a.lock(&key).shared(true).acquire().await.unwrap().release().await.unwrap();
+}
+
+/// A semaphore admits up to its permit count; a waiter gets a permit when one is returned.
+pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
+    let key = unique_key("kind:permits");
+    let mut held: Vec<LockGuard> = Vec::new();
+    for i in 0..3 {
+        let client = if i % 2 == 0 { &fx.a } else { &fx.b };
+        held.push(client.lock(&key).permits(3).acquire().await.unwrap());
+    }
+    let tokens: std::collections::BTreeSet<_> = held.iter().map(|g| g.fencing_token()).collect();
+    assert_eq!(tokens.len(), 3, "each permit has its own fencing token");
+    assert_eq!(fx.b.inspect(&key).await.unwrap().unwrap().holders, 3);
+    assert!(is_contended(&fx.b.lock(&key).permits(3).acquire().await));
+    let waiter = {
+        let (b, k) = (fx.b.clone(), key.clone());
+        fx.start_waiter(&key, async move {
+            b.lock(&k).permits(3).wait(LONG).acquire().await
+        })
+        .await
+    };
+    let released = Instant::now();
+    held.pop().unwrap().release().await.unwrap();
+    let fourth = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(2), "{:?}", released.elapsed());
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    fourth.release().await.unwrap();
+    assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
+}
+
+/// Callers that disagree on what a key is get a `Config` error naming the argument, and nothing.
+pub(crate) async fn mismatched_kinds_are_config_errors(fx: &Fx) {
+    let key = unique_key("kind:mismatch");
+    let sem = fx.a.lock(&key).permits(3).acquire().await.unwrap();
+    assert_eq!(config_field(fx.b.lock(&key).permits(5).acquire().await), "permits");
+    assert_eq!(config_field(fx.b.lock(&key).shared(true).acquire().await), "shared");
+    assert_eq!(config_field(fx.b.lock(&key).acquire().await), "permits");
+    assert_eq!(config_field(fx.b.lock(&key).fair(true).acquire().await), "fair");
+    sem.release().await.unwrap();
+    let exclusive = fx.a.lock(&key).acquire().await.unwrap();
+    assert_eq!(config_field(fx.b.lock(&key).permits(2).acquire().await), "permits");
+    exclusive.release().await.unwrap();
+    // Arguments that make no sense, before any request.
+    assert_eq!(config_field(fx.a.lock(&key).permits(0).acquire().await), "permits");
+    assert_eq!(
+        config_field(fx.a.lock(&key).shared(true).permits(2).acquire().await),
+        "shared"
+    );
+    assert_eq!(config_field(fx.a.lock(&key).fair(true).shared(true).acquire().await), "fair");
+    let pair = [format!("{key}:1"), format!("{key}:2")];
+    assert_eq!(config_field(fx.a.lock_many(pair).permits(2).acquire().await), "keys");
+}
+
+/// Each shared holder and permit is renewed on its own, and lost on its own.
+pub(crate) async fn shares_renew_and_are_lost_each_on_their_own(fx: &Fx) {
+    let key = unique_key("kind:renew");
+    let ttl = Duration::from_millis(600);
+    let a = fx.a.lock(&key).permits(2).ttl(ttl).acquire().await.unwrap();
+    let b = fx.b.lock(&key).permits(2).ttl(ttl).acquire().await.unwrap();
+    // The behaviour under test is the passing of time: four TTLs, renewed.
+    tokio::time::sleep(ttl * 4).await;
+    assert!(!a.is_lost() && !b.is_lost());
+    assert!(is_contended(&fx.b.lock(&key).permits(2).acquire().await));
+    // Forced off the key: both holders see their permit lost, and their release says so.
+    assert!(fx.b.force_release(&key).await.unwrap());
+    bounded(LONG, "a sees the loss", a.lost()).await;
+    bounded(LONG, "b sees the loss", b.lost()).await;
+    assert!(matches!(a.release().await, Err(LockError::Lost { .. })));
+    assert!(matches!(b.release().await, Err(LockError::Lost { .. })));
+}
+
+/// A nested call inside a hold joins it when the hold covers it, and is refused when it would
+/// wait on itself (a writer inside a reader).
+pub(crate) async fn nested_kinds_join_or_refuse(fx: &Fx) {
+    let key = unique_key("kind:nested");
+    let reader_in_writer = fx
+        .a
+        .lock(&key)
+        .run(async { fx.a.lock(&key).shared(true).acquire().await.map(drop) })
+        .await;
+    assert!(reader_in_writer.is_ok(), "{reader_in_writer:?}");
+    let writer_in_reader = fx
+        .a
+        .lock(&key)
+        .shared(true)
+        .run(async { Ok::<_, LockError>(fx.a.lock(&key).acquire().await.map(drop)) })
+        .await
+        .unwrap();
+    assert_eq!(config_field(writer_in_reader), "reentrant");
+}
+
+/// Redlock offers no fair locks and no semaphores, and says why before asking any node.
+pub(crate) async fn redlock_refuses_fair_locks_and_permits(fx: &Fx) {
+    let key = unique_key("kind:redlock");
+    for (result, field) in [
+        (fx.a.lock(&key).fair(true).acquire().await, "fair"),
+        (fx.a.lock(&key).permits(2).acquire().await, "permits"),
+    ] {
+        match result {
+            Err(LockError::Config { field: f, reason }) => {
+                assert_eq!(f, field);
+                assert!(reason.contains("Redlock"), "{reason}");
+            }
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+    }
+    assert!(fx.at_most_under("kind:redlock", None));
+}
+
+/// One `#[tokio::test]` per check of this file, each with a fresh `$fixture`: every check, or
+/// with `redlock` the ones that apply to Redlock.
+#[macro_export]
+macro_rules! kind_tests {
+    ($fixture:expr) => {
+        kind_tests!(@each $fixture;
+            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
+            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            a_waiting_writer_is_not_starved, permits_admit_up_to_their_count,
+            mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,
+            nested_kinds_join_or_refuse);
+    };
+    ($fixture:expr, redlock) => {
+        kind_tests!(@each $fixture;
+            shared_holders_overlap_and_exclude_a_writer, a_waiting_writer_is_not_starved,
+            nested_kinds_join_or_refuse, redlock_refuses_fair_locks_and_permits);
+    };
+    (@each $fixture:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fx = $fixture;
+                behaviour::kinds::$name(&fx).await;
+            }
+        )*
+    };
+}
