@@ -32,7 +32,10 @@ async fn until_queued(client: &LockClient, key: &str, n: usize) {
         if seen == n {
             return;
         }
-        assert!(Instant::now() < deadline, "{seen} waiters queue on {key}, not {n}");
+        assert!(
+            Instant::now() < deadline,
+            "{seen} waiters queue on {key}, not {n}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -57,7 +60,11 @@ pub(crate) async fn fair_waiters_are_served_in_arrival_order(fx: &Fx) {
     let mut waiters = Vec::new();
     for i in 0..5 {
         let (client, k, tx) = (
-            if i % 2 == 0 { fx.b.clone() } else { fx.a.clone() },
+            if i % 2 == 0 {
+                fx.b.clone()
+            } else {
+                fx.a.clone()
+            },
             key.clone(),
             tx.clone(),
         );
@@ -85,7 +92,11 @@ pub(crate) async fn fair_waiters_are_served_in_arrival_order(fx: &Fx) {
     }
     assert_eq!(got, [0, 1, 2, 3, 4]);
     // Five hand-offs, each by a wake-up: far below one retry delay.
-    assert!(released.elapsed() < Duration::from_secs(4), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        released.elapsed()
+    );
     assert_eq!(queued(&fx.b, &key).await, 0);
 }
 
@@ -107,7 +118,14 @@ pub(crate) async fn fair_lock_is_not_taken_past_the_queue(fx: &Fx) {
     let guard = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
-    fx.a.lock(&key).fair(true).acquire().await.unwrap().release().await.unwrap();
+    fx.a.lock(&key)
+        .fair(true)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A waiter whose `wait` runs out, and one whose future is dropped, leave the queue at once: the
@@ -116,14 +134,13 @@ pub(crate) async fn fair_waiters_that_give_up_leave_the_queue(fx: &Fx) {
     let key = unique_key("kind:fair-leave");
     let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
     let ttl = Duration::from_secs(30);
-    let timed_out = fx
-        .b
-        .lock(&key)
-        .fair(true)
-        .ttl(ttl)
-        .wait(Duration::from_millis(300))
-        .acquire()
-        .await;
+    let timed_out =
+        fx.b.lock(&key)
+            .fair(true)
+            .ttl(ttl)
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await;
     assert!(is_contended(&timed_out), "{timed_out:?}");
     let cancelled = {
         let (b, k) = (fx.b.clone(), key.clone());
@@ -145,8 +162,15 @@ pub(crate) async fn fair_waiters_that_give_up_leave_the_queue(fx: &Fx) {
     until_queued(&fx.b, &key, 1).await;
     let released = Instant::now();
     held.release().await.unwrap();
-    let guard = bounded(LONG, "the last waiter", last).await.unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_secs(4), "{:?}", released.elapsed());
+    let guard = bounded(LONG, "the last waiter", last)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        released.elapsed()
+    );
     guard.release().await.unwrap();
 }
 
@@ -165,7 +189,14 @@ pub(crate) async fn shared_holders_overlap_and_exclude_a_writer(fx: &Fx) {
     let writer = fx.b.lock(&key).acquire().await.unwrap();
     assert!(is_contended(&fx.a.lock(&key).shared(true).acquire().await));
     writer.release().await.unwrap();
-    fx.a.lock(&key).shared(true).acquire().await.unwrap().release().await.unwrap();
+    fx.a.lock(&key)
+        .shared(true)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A writer that waits for readers keeps new readers out, so a stream of readers cannot starve
@@ -188,9 +219,20 @@ pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
     reader.release().await.unwrap();
     let (got_at, guard) = bounded(LONG, "the writer", writer).await.unwrap();
     let guard = guard.unwrap();
-    assert!(got_at - released < Duration::from_secs(2), "{:?}", got_at - released);
+    assert!(
+        got_at - released < Duration::from_secs(2),
+        "{:?}",
+        got_at - released
+    );
     guard.release().await.unwrap();
-    fx.a.lock(&key).shared(true).acquire().await.unwrap().release().await.unwrap();
+    fx.a.lock(&key)
+        .shared(true)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 /// A semaphore admits up to its permit count; a waiter gets a permit when one is returned.
@@ -215,7 +257,11 @@ pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
     let released = Instant::now();
     held.pop().unwrap().release().await.unwrap();
     let fourth = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_secs(2), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
     for guard in held {
         guard.release().await.unwrap();
     }
@@ -227,23 +273,44 @@ pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
 pub(crate) async fn mismatched_kinds_are_config_errors(fx: &Fx) {
     let key = unique_key("kind:mismatch");
     let sem = fx.a.lock(&key).permits(3).acquire().await.unwrap();
-    assert_eq!(config_field(fx.b.lock(&key).permits(5).acquire().await), "permits");
-    assert_eq!(config_field(fx.b.lock(&key).shared(true).acquire().await), "shared");
+    assert_eq!(
+        config_field(fx.b.lock(&key).permits(5).acquire().await),
+        "permits"
+    );
+    assert_eq!(
+        config_field(fx.b.lock(&key).shared(true).acquire().await),
+        "shared"
+    );
     assert_eq!(config_field(fx.b.lock(&key).acquire().await), "permits");
-    assert_eq!(config_field(fx.b.lock(&key).fair(true).acquire().await), "fair");
+    assert_eq!(
+        config_field(fx.b.lock(&key).fair(true).acquire().await),
+        "fair"
+    );
     sem.release().await.unwrap();
     let exclusive = fx.a.lock(&key).acquire().await.unwrap();
-    assert_eq!(config_field(fx.b.lock(&key).permits(2).acquire().await), "permits");
+    assert_eq!(
+        config_field(fx.b.lock(&key).permits(2).acquire().await),
+        "permits"
+    );
     exclusive.release().await.unwrap();
     // Arguments that make no sense, before any request.
-    assert_eq!(config_field(fx.a.lock(&key).permits(0).acquire().await), "permits");
+    assert_eq!(
+        config_field(fx.a.lock(&key).permits(0).acquire().await),
+        "permits"
+    );
     assert_eq!(
         config_field(fx.a.lock(&key).shared(true).permits(2).acquire().await),
         "shared"
     );
-    assert_eq!(config_field(fx.a.lock(&key).fair(true).shared(true).acquire().await), "fair");
+    assert_eq!(
+        config_field(fx.a.lock(&key).fair(true).shared(true).acquire().await),
+        "fair"
+    );
     let pair = [format!("{key}:1"), format!("{key}:2")];
-    assert_eq!(config_field(fx.a.lock_many(pair).permits(2).acquire().await), "keys");
+    assert_eq!(
+        config_field(fx.a.lock_many(pair).permits(2).acquire().await),
+        "keys"
+    );
 }
 
 /// Each shared holder and permit is renewed on its own, and lost on its own.
@@ -268,19 +335,17 @@ pub(crate) async fn shares_renew_and_are_lost_each_on_their_own(fx: &Fx) {
 /// wait on itself (a writer inside a reader).
 pub(crate) async fn nested_kinds_join_or_refuse(fx: &Fx) {
     let key = unique_key("kind:nested");
-    let reader_in_writer = fx
-        .a
-        .lock(&key)
-        .run(async { fx.a.lock(&key).shared(true).acquire().await.map(drop) })
-        .await;
+    let reader_in_writer =
+        fx.a.lock(&key)
+            .run(async { fx.a.lock(&key).shared(true).acquire().await.map(drop) })
+            .await;
     assert!(reader_in_writer.is_ok(), "{reader_in_writer:?}");
-    let writer_in_reader = fx
-        .a
-        .lock(&key)
-        .shared(true)
-        .run(async { Ok::<_, LockError>(fx.a.lock(&key).acquire().await.map(drop)) })
-        .await
-        .unwrap();
+    let writer_in_reader =
+        fx.a.lock(&key)
+            .shared(true)
+            .run(async { Ok::<_, LockError>(fx.a.lock(&key).acquire().await.map(drop)) })
+            .await
+            .unwrap();
     assert_eq!(config_field(writer_in_reader), "reentrant");
 }
 
