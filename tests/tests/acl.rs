@@ -11,7 +11,8 @@ use lock_tests::{RedisServer, ServerOptions};
 /// and channels under its prefix.
 const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
      +evalsha +eval +script|load +subscribe +unsubscribe +ping +select \
-     +set +get +del +incr +pexpire +pttl +publish +time";
+     +set +get +del +incr +pexpire +pttl +publish +time +type +exists +zadd +zrem +zscore +zcard \
+     +zcount +zrange +zrangebyscore +zremrangebyscore";
 
 fn server() -> RedisServer {
     RedisServer::start_with(ServerOptions {
@@ -27,6 +28,7 @@ fn fixture() -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture());
+kind_tests!(fixture());
 
 #[tokio::test]
 async fn a_prefix_outside_the_acl_is_a_permission_error() {
