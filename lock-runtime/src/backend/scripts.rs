@@ -25,8 +25,11 @@ use redis::Script;
 /// fewer than one grant per microsecond on average. A same-token retry takes the same path, so it
 /// never answers without a fence.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"#!lua
+    script(&[
+        "#!lua\n",
+        FENCE,
+        PERMITS_OF,
+        r"
 local n = #KEYS / 2
 local ours = {}
 for i = 1, n do
@@ -34,10 +37,7 @@ for i = 1, n do
   if holder == ARGV[1] then
     ours[i] = true
   elseif type(holder) == 'table' and redis.call('TYPE', KEYS[i]).ok == 'zset' then
-    if not redis.call('ZSCORE', KEYS[i], '#shared') then
-      local other = redis.call('ZRANGEBYSCORE', KEYS[i], '+inf', '+inf')[1] or ''
-      return {2, i, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
-    end
+    if not redis.call('ZSCORE', KEYS[i], '#shared') then return {2, i, permits_of(KEYS[i])} end
     if ARGV[4] == '1' then
       local t = redis.call('TIME')
       local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
@@ -50,27 +50,9 @@ for i = 1, n do
     return {0, i, redis.call('PTTL', KEYS[i])}
   end
 end
-local function fence(k)
-  local f = redis.call('INCR', k)
-  if f == 1 then
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', k, f)
-  end
-  return f
-end
 local reply = {1}
 for i = 1, n do
-  local f = 0
-  if ARGV[3] == '1' then
-    local k = KEYS[n + i]
-    if ours[i] then
-      f = tonumber(redis.call('GET', k) or '') or fence(k)
-    else
-      f = fence(k)
-    end
-  end
-  reply[i + 1] = f
+  reply[i + 1] = grant_fence(KEYS[n + i], ours[i])
 end
 for i = 1, n do
   if ours[i] then
@@ -81,7 +63,7 @@ for i = 1, n do
 end
 return reply
 ",
-    )
+    ])
 });
 
 /// KEYS: the lock keys. ARGV: token, ttl_ms. Returns 1 when every key's TTL was reset, `-i` when
@@ -170,6 +152,37 @@ for _, w in ipairs(gone) do redis.call('ZREM', Q, w) end
 if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 ";
 
+/// Lua that defines `grant_fence(k, ours)`: the fencing token of a grant for fence counter `k`
+/// (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the current value;
+/// a new grant counts on. A counter that does not exist (first grant of the key, evicted, or
+/// Redis restarted without its data) starts from the server's clock in microseconds, so it still
+/// exceeds every token handed out before.
+const FENCE: &str = r"
+local function new_fence(k)
+  local f = redis.call('INCR', k)
+  if f == 1 then
+    local t = redis.call('TIME')
+    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', k, f)
+  end
+  return f
+end
+local function grant_fence(k, ours)
+  if ARGV[3] ~= '1' then return 0 end
+  if ours then return tonumber(redis.call('GET', k) or '') or new_fence(k) end
+  return new_fence(k)
+end
+";
+
+/// Lua that defines `permits_of(k)`: the permit count of the shared lock or semaphore at `k`
+/// (0 for a shared lock), from its `+inf` member.
+const PERMITS_OF: &str = r"
+local function permits_of(k)
+  local meta = redis.call('ZRANGEBYSCORE', k, '+inf', '+inf')[1] or ''
+  return tonumber(string.match(meta, '^#permits=(%d+)$') or '0')
+end
+";
+
 fn script(parts: &[&str]) -> Script {
     Script::new(&parts.concat())
 }
@@ -187,27 +200,18 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\nlocal K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
         NOW,
+        FENCE,
+        PERMITS_OF,
         PURGE_QUEUE,
         r"
 local token, ttl = ARGV[1], tonumber(ARGV[2])
 local holder = redis.pcall('GET', K)
 if type(holder) == 'table' then
   if redis.call('TYPE', K).ok ~= 'zset' then return holder end
-  local other = redis.call('ZRANGEBYSCORE', K, '+inf', '+inf')[1] or ''
-  return {2, 1, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
+  return {2, 1, permits_of(K)}
 end
 local function take(ours)
-  local f = 0
-  if ARGV[3] == '1' then
-    if ours then f = tonumber(redis.call('GET', F) or '') end
-    if not f or not ours then
-      f = redis.call('INCR', F)
-      if f == 1 then
-        f = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-        redis.call('SET', F, f)
-      end
-    end
-  end
+  local f = grant_fence(F, ours)
   redis.call('ZREM', Q, token)
   redis.call('ZREM', E, token)
   redis.call('SET', K, token, 'PX', ttl)
@@ -292,6 +296,8 @@ pub(crate) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\nlocal K, F = KEYS[1], KEYS[2]\n",
         NOW,
+        FENCE,
+        PERMITS_OF,
         r"
 local token, ttl, permits = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local meta = '#shared'
@@ -303,10 +309,7 @@ if kind == 'string' then
 end
 local ours = false
 if kind == 'zset' then
-  if not redis.call('ZSCORE', K, meta) then
-    local other = redis.call('ZRANGEBYSCORE', K, '+inf', '+inf')[1] or ''
-    return {2, 1, tonumber(string.match(other, '^#permits=(%d+)$') or '0')}
-  end
+  if not redis.call('ZSCORE', K, meta) then return {2, 1, permits_of(K)} end
   redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
   local mine = redis.call('ZSCORE', K, token)
   ours = mine ~= false and mine ~= nil
@@ -323,17 +326,7 @@ if kind == 'zset' then
 elseif kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the lock key holds a ' .. kind)
 end
-local f = 0
-if ARGV[3] == '1' then
-  if ours then f = tonumber(redis.call('GET', F) or '') end
-  if not f or not ours then
-    f = redis.call('INCR', F)
-    if f == 1 then
-      f = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-      redis.call('SET', F, f)
-    end
-  end
-end
+local f = grant_fence(F, ours)
 redis.call('ZADD', K, 'inf', meta)
 redis.call('ZADD', K, now + ttl, token)
 if redis.call('PTTL', K) < ttl then redis.call('PEXPIRE', K, ttl) end
