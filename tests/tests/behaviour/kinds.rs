@@ -186,9 +186,12 @@ pub(crate) async fn shared_holders_overlap_and_exclude_a_writer(fx: &Fx) {
     r1.release().await.unwrap();
     assert!(is_contended(&fx.b.lock(&key).acquire().await));
     r2.release().await.unwrap();
+    // Redlock's release answers once a majority let go; the slower nodes follow.
+    fx.all_free(&[&key]).await;
     let writer = fx.b.lock(&key).acquire().await.unwrap();
     assert!(is_contended(&fx.a.lock(&key).shared(true).acquire().await));
     writer.release().await.unwrap();
+    fx.all_free(&[&key]).await;
     fx.a.lock(&key)
         .shared(true)
         .acquire()
@@ -225,6 +228,7 @@ pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
         got_at - released
     );
     guard.release().await.unwrap();
+    fx.all_free(&[&key]).await;
     fx.a.lock(&key)
         .shared(true)
         .acquire()
