@@ -10,6 +10,8 @@
 //! increase in grant order; a failure names the two offending grants.
 
 use std::fmt;
+use std::io::Write as _;
+use std::process::ExitCode;
 use std::str::FromStr;
 
 use nix::time::{ClockId, clock_gettime};
@@ -70,23 +72,55 @@ impl FromStr for Grant {
 
     /// Parses a line written by `Display`.
     fn from_str(line: &str) -> Result<Grant, String> {
-        let bad = || format!("not a grant line: {line:?}");
-        let mut fields = line.strip_prefix(PREFIX).ok_or_else(bad)?.split(' ');
-        let mut next = |name: &str| {
-            fields
-                .next()
-                .and_then(|field| field.strip_prefix(name)?.strip_prefix('='))
-                .map(str::to_owned)
-                .ok_or_else(bad)
+        let parse = || {
+            let mut fields = Fields::after(line, PREFIX)?;
+            Some(Grant {
+                pid: fields.next("pid")?,
+                fence: fields.next("fence")?,
+                acquired_ns: fields.next("acquired")?,
+                released_ns: fields.next("released")?,
+                key: fields.next("key")?,
+            })
         };
-        let number = |text: String| text.parse::<u64>().map_err(|_| bad());
-        Ok(Grant {
-            pid: next("pid")?.parse().map_err(|_| bad())?,
-            fence: number(next("fence")?)?,
-            acquired_ns: number(next("acquired")?)?,
-            released_ns: number(next("released")?)?,
-            key: next("key")?,
-        })
+        parse().ok_or_else(|| format!("not a grant line: {line:?}"))
+    }
+}
+
+/// The space-separated `name=value` fields of a report line after its `prefix`, read in order.
+pub(crate) struct Fields<'a>(std::str::Split<'a, char>);
+
+impl<'a> Fields<'a> {
+    pub(crate) fn after(line: &'a str, prefix: &str) -> Option<Fields<'a>> {
+        Some(Fields(line.strip_prefix(prefix)?.split(' ')))
+    }
+
+    /// The next field's value, which must be called `name`.
+    pub(crate) fn next<T: FromStr>(&mut self, name: &str) -> Option<T> {
+        let field = self.0.next()?;
+        field.strip_prefix(name)?.strip_prefix('=')?.parse().ok()
+    }
+}
+
+/// Prints a worker's report on stdout in one write: `lines` (a grant or section each, and any
+/// other figures), then `violations=<v> lost=<l>`. Exit code 0, or 3 when stdout is gone.
+pub fn print_report(
+    lines: impl IntoIterator<Item = String>,
+    violations: u64,
+    lost: u64,
+) -> ExitCode {
+    let mut out = String::new();
+    for line in lines {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str(&format!("violations={violations} lost={lost}\n"));
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(3),
     }
 }
 

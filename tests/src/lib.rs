@@ -26,6 +26,7 @@
 pub mod capture;
 mod harness;
 pub mod history;
+pub mod sections;
 
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
@@ -37,5 +38,7 @@ pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::SentinelSet;
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
 pub use harness::store::LockStore;
-pub use harness::util::{LockKeys, free_port, lock_keys, unique_key, wait_until, wait_until_async};
+pub use harness::util::{
+    LockKeys, free_port, lock_keys, queued, unique_key, until_queued, wait_until, wait_until_async,
+};
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -10,9 +10,10 @@ use redis::Script;
 /// Takes every lock key for the token, or none.
 /// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
 /// `{0, i, pttl}` when someone else holds key `i`, `{2, i, n}` when key `i` is a semaphore of
-/// `n` permits. Key `i` held by shared holders (a read lock, see [`SHARED_ACQUIRE`]) counts as
-/// held, and a caller that waits marks itself as a waiting writer there (until `now + ttl`,
-/// renewed by its next attempt), which keeps new readers out. Idempotent for one token: an attempt whose
+/// `n` permits. Key `i` held by live shared holders (a read lock, see [`SHARED_ACQUIRE`]) counts
+/// as held, and a caller that waits marks itself as a waiting writer there (until `now + ttl`,
+/// renewed by its next attempt), which keeps new readers out; a shared key with no live holder
+/// left (only a writer's mark) is free, and the grant replaces it. Idempotent for one token: an attempt whose
 /// reply was lost can be sent again and answers "ours" (refreshing the TTL) instead of "held".
 ///
 /// Every step that can fail (a key of the wrong type, a fence that is not a number, `OOM`) comes
@@ -37,13 +38,17 @@ for i = 1, n do
   if holder == ARGV[1] then
     ours[i] = true
   elseif type(holder) == 'table' and redis.call('TYPE', KEYS[i]).ok == 'zset' then
-    if not redis.call('ZSCORE', KEYS[i], '#shared') then return {2, i, permits_of(KEYS[i])} end
-    if ARGV[4] == '1' then
-      local t = redis.call('TIME')
-      local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
-      redis.call('ZADD', KEYS[i], 'GT', until_ms, '#w')
+    local K = KEYS[i]
+    if not redis.call('ZSCORE', K, '#shared') then return {2, i, permits_of(K)} end
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
+    local readers = redis.call('ZCARD', K) - 1
+    if redis.call('ZSCORE', K, '#w') then readers = readers - 1 end
+    if readers > 0 then
+      if ARGV[4] == '1' then redis.call('ZADD', K, 'GT', now + tonumber(ARGV[2]), '#w') end
+      return {0, i, redis.call('PTTL', K)}
     end
-    return {0, i, redis.call('PTTL', KEYS[i])}
   elseif type(holder) == 'table' then
     return holder
   elseif holder then
@@ -353,7 +358,8 @@ return 1
 });
 
 /// Gives back one shared hold or permit. KEYS: lock. ARGV: token, the publish command, release
-/// channel ("": wake nobody). Deletes the key when no holder is left. Returns 1 when the token's
+/// channel ("": wake nobody). Deletes the key when no holder is left, or keeps it until a live
+/// writer's mark runs out when that is all that is left. Returns 1 when the token's
 /// lease was live.
 pub(crate) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
@@ -365,7 +371,15 @@ if type(lease) ~= 'string' then return 0 end
 redis.call('ZREM', K, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
 local left = redis.call('ZCARD', K)
-if left == 1 or (left == 2 and redis.call('ZSCORE', K, '#w')) then redis.call('DEL', K) end
+local writer = redis.call('ZSCORE', K, '#w')
+if left == 1 then
+  redis.call('DEL', K)
+elseif left == 2 and writer then
+  -- Only a waiting writer's mark is left: it keeps new readers out until that writer (woken
+  -- by this release) takes the key, or the mark runs out. Deleting it would let a reader woken
+  -- by the same release in first, again and again.
+  redis.call('PEXPIRE', K, math.max(tonumber(writer) - now, 1))
+end
 if ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
 if tonumber(lease) > now then return 1 end
 return 0
@@ -387,6 +401,7 @@ if redis.call('TYPE', K).ok == 'zset' then
   holders = redis.call('ZCOUNT', K, '(' .. now, '(inf')
   local w = redis.call('ZSCORE', K, '#w')
   if w and tonumber(w) > now then holders = holders - 1 end
+  if holders == 0 then return {-2} end
 end
 local fence = tonumber(redis.pcall('GET', F)) or -1
 return {pttl, fence, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}

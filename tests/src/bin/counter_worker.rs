@@ -15,13 +15,11 @@
 //! iteration ran (violations are reported, not an exit code), 2 on bad arguments, 3 on a lock or
 //! Redis error (with the error on stderr).
 
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
-use lock_tests::history::{Grant, now_ns};
+use lock_tests::history::{self, Grant, now_ns};
 
 const WAIT: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(5);
@@ -75,22 +73,11 @@ fn main() -> ExitCode {
         run_sync(&client, &args)
     };
     match outcome {
-        Ok(report) => {
-            let mut out = String::new();
-            for grant in &report.grants {
-                let _ = writeln!(out, "{grant}");
-            }
-            let _ = writeln!(out, "violations={} lost={}", report.violations, report.lost);
-            let mut stdout = std::io::stdout().lock();
-            if stdout
-                .write_all(out.as_bytes())
-                .and_then(|()| stdout.flush())
-                .is_err()
-            {
-                return ExitCode::from(3);
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(report) => history::print_report(
+            report.grants.iter().map(ToString::to_string),
+            report.violations,
+            report.lost,
+        ),
         Err(err) => {
             eprintln!("counter_worker ({}): {err}", std::process::id());
             ExitCode::from(3)

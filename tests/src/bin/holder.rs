@@ -1,7 +1,10 @@
 //! Test helper for `tests/processes.rs` and `tests/faults.rs`: takes one lock and holds it until killed.
 //!
-//! Usage: `holder <redis-url> <key> <ttl-ms>`. Prints `acquired fence=<n>` on stdout once the lock is
-//! held (the renewal driver keeps it alive from then on), then sleeps until the process is killed.
+//! Usage: `holder <redis-url> <key> <ttl-ms> [kind]`. Prints `acquired fence=<n>` on stdout once the
+//! lock is held (the renewal driver keeps it alive from then on), then sleeps until the process is
+//! killed. With a `kind` (`write`, `fair`, `read`, `permits=N`, as in `lock_tests::sections::Kind`)
+//! it takes the lock as that kind and waits up to 60 s for it (a fair waiter queues meanwhile);
+//! without, it tries once.
 //! With `LOCK_ETCD_ENDPOINTS` set, the lock is taken on etcd instead (`LockConfig::from_env`).
 //! Exits with 2 on bad arguments, 3 when the lock cannot be taken.
 
@@ -10,12 +13,23 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig};
+use lock_tests::sections::Kind;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, key, ttl_ms] = args.as_slice() else {
-        eprintln!("usage: holder <redis-url> <key> <ttl-ms>");
-        return ExitCode::from(2);
+    let (url, key, ttl_ms, kind) = match args.as_slice() {
+        [url, key, ttl_ms] => (url, key, ttl_ms, None),
+        [url, key, ttl_ms, kind] => match kind.parse::<Kind>() {
+            Ok(kind) => (url, key, ttl_ms, Some(kind)),
+            Err(err) => {
+                eprintln!("holder: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("usage: holder <redis-url> <key> <ttl-ms> [kind]");
+            return ExitCode::from(2);
+        }
     };
     let Ok(ttl_ms) = ttl_ms.parse::<u64>() else {
         eprintln!("holder: ttl-ms must be a number of milliseconds");
@@ -34,11 +48,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let guard = match client
-        .lock(key.as_str())
-        .ttl(Duration::from_millis(ttl_ms))
-        .acquire_blocking()
-    {
+    let lock = client.lock(key.as_str()).ttl(Duration::from_millis(ttl_ms));
+    let lock = match kind {
+        None => lock,
+        Some(kind) => kind.apply(lock.wait(Duration::from_secs(60))),
+    };
+    let guard = match lock.acquire_blocking() {
         Ok(guard) => guard,
         Err(err) => {
             eprintln!("holder: {err}");

@@ -20,13 +20,11 @@
 //! included) and `violations=<v> lost=<l>`. Exits with 0 when the run ended, 2 on bad arguments,
 //! 3 on any other lock or Redis error (on stderr).
 
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockConfig, LockError};
-use lock_tests::history::{Grant, now_ns};
+use lock_tests::history::{self, Grant, now_ns};
 use redis::aio::MultiplexedConnection;
 
 const TTL: Duration = Duration::from_secs(5);
@@ -140,26 +138,21 @@ fn parse_args() -> Option<Args> {
 }
 
 fn print_report(report: &Report) -> ExitCode {
-    let mut out = String::new();
-    for grant in &report.grants {
-        let _ = writeln!(out, "{grant}");
-    }
-    let _ = writeln!(
-        out,
+    let figures = format!(
         "transfers={} contended={} max_call_ms={}",
         report.transfers,
         report.contended,
         report.max_call.as_millis()
     );
-    let _ = writeln!(out, "violations={} lost={}", report.violations, report.lost);
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(3),
-    }
+    history::print_report(
+        report
+            .grants
+            .iter()
+            .map(ToString::to_string)
+            .chain([figures]),
+        report.violations,
+        report.lost,
+    )
 }
 
 async fn run(args: &Args) -> Result<Report, WorkerError> {

@@ -81,6 +81,37 @@ pub async fn wait_until_async(
     }
 }
 
+/// How many waiters queue for `key` (a fair lock's queue), as `inspect` says.
+///
+/// # Panics
+/// If `inspect` fails.
+pub async fn queued(client: &lock_runtime::LockClient, key: &str) -> usize {
+    client
+        .inspect(key)
+        .await
+        .unwrap_or_else(|e| panic!("inspect {key}: {e}"))
+        .map_or(0, |info| info.queued)
+}
+
+/// Waits (up to 20 s) until `n` waiters queue for `key`.
+///
+/// # Panics
+/// If they do not, or `inspect` fails.
+pub async fn until_queued(client: &lock_runtime::LockClient, key: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = queued(client, key).await;
+        if seen == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{seen} waiters queue for {key}, not {n}"
+        );
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
 /// Calls `probe` every `every` until it returns `Some` or `timeout` has passed (then `None`).
 /// The probe runs at least once, and once more at the deadline.
 pub(crate) fn poll_until<T>(

@@ -9,36 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError, LockGuard};
-use lock_tests::{bounded, unique_key};
+use lock_runtime::{LockError, LockGuard};
+use lock_tests::{bounded, queued, unique_key, until_queued};
 
 use super::Fx;
 
 const LONG: Duration = Duration::from_secs(10);
-
-async fn queued(client: &LockClient, key: &str) -> usize {
-    client
-        .inspect(key)
-        .await
-        .unwrap()
-        .map_or(0, |info| info.queued)
-}
-
-/// Waits (bounded) until `key`'s fair queue holds `n` waiters.
-async fn until_queued(client: &LockClient, key: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let seen = queued(client, key).await;
-        if seen == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{seen} waiters queue on {key}, not {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn is_contended<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
     matches!(result, Err(LockError::Contended { .. }))
