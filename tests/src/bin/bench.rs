@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
-//!     [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology]
+//!     [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology]
 //!     [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
 //! ```
 //!
@@ -46,6 +46,13 @@
 //!    sentinels, started here), on both with `min_replicas(1)`, and with the `etcd` feature on etcd
 //!    with one and with three members (started here), in one run: uncontended pairs/s with 1 task
 //!    and `--tasks` tasks, and the async hand-off of section 2.
+//! 8. Contended, one key: `--waiters` clients (each its own `LockClient`, so its own connections)
+//!    loop acquire -> release with nothing in between for `--secs` after `--warmup`, with the
+//!    default lock and with `fair = true`, in the same run: critical sections/s, hand-off (one
+//!    release's `Instant` before `release()` -> the next grant's after `acquire()` returned) p50 /
+//!    p99 also in round trips (a `PING`'s p50 on the same server), the share of grants that went to
+//!    another client, Jain's index of the grants per client, and how long an `acquire` waited
+//!    (p99).
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -56,6 +63,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig};
+use lock_tests::history::now_ns;
+use lock_tests::sections::{self, Kind, Section};
 use lock_tests::{RedisMasters, RedisServer, unique_key};
 use redis::AsyncCommands as _;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -129,7 +138,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
                     );
                     std::process::exit(0);
                 }
@@ -228,6 +237,10 @@ fn main() -> Res<()> {
     }
     if opts.runs("multi") {
         runtime.block_on(section_multi(&opts, &url, &mut out, &mut summary))?;
+        flush(&mut out);
+    }
+    if opts.runs("contended") {
+        runtime.block_on(section_contended(&opts, &url, &mut out, &mut summary))?;
         flush(&mut out);
     }
     if opts.named("held") {
@@ -770,6 +783,128 @@ async fn section_handoff(
     let _ = writeln!(out, "   {}", stats.row("blocking (threads)"));
     summary.push(format!("blocking hand-off p50 {}", ms(stats.p50)));
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Contended, one key: default vs fair
+
+async fn section_contended(
+    opts: &Opts,
+    url: &str,
+    out: &mut String,
+    summary: &mut Vec<String>,
+) -> Res<()> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut pings = Vec::with_capacity(opts.samples);
+    for _ in 0..opts.samples {
+        let started = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        pings.push(started.elapsed());
+    }
+    let rtt = Stats::of(pings).p50;
+    let _ = writeln!(
+        out,
+        "\n8. Contended, one key, {} clients looping acquire -> release (round trip: PING p50 {})",
+        opts.waiters,
+        ms(rtt)
+    );
+    let _ = writeln!(
+        out,
+        "   {:<14}  {:>10}  {:>18}  {:>18}  {:>13}  {:>6}  {:>10}",
+        "lock", "sections/s", "hand-off p50", "hand-off p99", "owner changes", "Jain", "wait p99"
+    );
+    for (name, fair) in [("default", false), ("fair = true", true)] {
+        let run = contended(opts, url, fair).await?;
+        let rate = run.len() as f64 / opts.secs.as_secs_f64();
+        let (changes, pairs) = sections::owner_changes(&run);
+        let changed = changes as f64 / pairs.max(1) as f64;
+        let jain = sections::jain(sections::per_holder(&run).into_values());
+        let mut by_grant: Vec<&Section> = run.iter().collect();
+        by_grant.sort_by_key(|s| s.acquired_ns);
+        let gaps = Stats::of(
+            by_grant
+                .windows(2)
+                .map(|w| Duration::from_nanos(w[1].acquired_ns.saturating_sub(w[0].released_ns)))
+                .collect(),
+        );
+        let waits = Stats::of(
+            run.iter()
+                .map(|s| Duration::from_nanos(s.waited_ns()))
+                .collect(),
+        );
+        let trips = |d: Duration| d.as_secs_f64() / rtt.as_secs_f64().max(1e-9);
+        let _ = writeln!(
+            out,
+            "   {name:<14}  {rate:>10.0}  {:>9} ({:>4.1} RT)  {:>9} ({:>4.1} RT)  {:>12.1}%  {jain:>6.3}  {:>10}",
+            ms(gaps.p50),
+            trips(gaps.p50),
+            ms(gaps.p99),
+            trips(gaps.p99),
+            changed * 100.0,
+            ms(waits.p99),
+        );
+        summary.push(format!(
+            "contended {name}: {rate:.0} sections/s, hand-off p50 {:.1} RT, owner changes {:.1}%{}",
+            trips(gaps.p50),
+            changed * 100.0,
+            if fair {
+                " (target p50 <= 2 RT, 100%)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// The sections granted in the measured window.
+async fn contended(opts: &Opts, url: &str, fair: bool) -> Res<Vec<Section>> {
+    let key = unique_key("bench:contended");
+    let measure_from = now_ns() + u64::try_from(opts.warmup.as_nanos())?;
+    let stop = measure_from + u64::try_from(opts.secs.as_nanos())?;
+    let mut handles = Vec::new();
+    for me in 0..opts.waiters {
+        let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+        let key = key.clone();
+        handles.push(tokio::spawn(async move {
+            let mut own = Vec::new();
+            loop {
+                let asked_ns = now_ns();
+                if asked_ns >= stop {
+                    break;
+                }
+                let guard = client
+                    .lock(&key)
+                    .ttl(TTL)
+                    .wait(WAIT)
+                    .fair(fair)
+                    .acquire()
+                    .await?;
+                let acquired_ns = now_ns();
+                let released_ns = now_ns();
+                guard.release().await?;
+                if acquired_ns >= measure_from && released_ns < stop {
+                    own.push(Section {
+                        who: me.to_string(),
+                        kind: if fair { Kind::Fair } else { Kind::Exclusive },
+                        fence: 0,
+                        asked_ns,
+                        acquired_ns,
+                        released_ns,
+                    });
+                }
+            }
+            client.shutdown();
+            Ok::<_, BoxError>(own)
+        }));
+    }
+    let mut sections = Vec::new();
+    for handle in handles {
+        sections.extend(handle.await??);
+    }
+    Ok(sections)
 }
 
 // ---------------------------------------------------------------------------------------------
