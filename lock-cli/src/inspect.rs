@@ -42,6 +42,7 @@ pub(crate) fn describe(info: &LockInfo, per_node: bool) -> String {
             format::token(info.fencing_token),
         ],
         vec!["holders".to_owned(), info.holders.to_string()],
+        vec!["queued".to_owned(), info.queued.to_string()],
     ];
     let mut text = format::table(&["FIELD", "VALUE"], &fields);
     if per_node {
@@ -78,6 +79,7 @@ fn to_json(info: &LockInfo) -> serde_json::Value {
         "remaining_ms": format::millis(info.remaining),
         "fencing_token": info.fencing_token,
         "holders": info.holders,
+        "queued": info.queued,
         "nodes": nodes,
     })
 }

@@ -1,10 +1,11 @@
-//! `lockctl list`: SCAN every node for lock keys, then read each one's time to live and fence.
+//! `lockctl list`: SCAN every node for lock keys, then read each one's time to live, fence,
+//! holders and queue (the runtime's own `inspect` script, pipelined).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lock_runtime::__private::{KeyKind, lock_name_of, redis_keys};
+use lock_runtime::__private::{KeyKind, inspect_script, lock_name_of, redis_key};
 
 use crate::error::{CliError, Exit};
 use crate::format;
@@ -12,7 +13,7 @@ use crate::glob;
 use crate::target::{Node, Target};
 
 const SCAN_COUNT: usize = 1000;
-/// Names whose PTTL and fence are read in one pipeline.
+/// Names inspected in one pipeline.
 const BATCH: usize = 500;
 
 /// What one node holds of one lock.
@@ -20,6 +21,10 @@ const BATCH: usize = 500;
 struct NodeHold {
     remaining: Option<Duration>,
     fencing_token: Option<u64>,
+    /// Live holders: 1, or the shares of a read lock, or the permits taken.
+    holders: usize,
+    /// Live waiters in a fair lock's queue.
+    queued: usize,
 }
 
 /// One lock seen on at least one node: per node (in `--url` order), `None` where not held.
@@ -40,6 +45,13 @@ impl Listed {
             self.holds.iter().flatten().map(|h| h.remaining).collect();
         ttls.sort_by(|a, b| b.cmp(a));
         ttls.get(quorum - 1).copied().flatten()
+    }
+
+    /// Like `inspect`: what a majority of the nodes holding it agree on at least.
+    fn count(&self, quorum: usize, of: impl Fn(&NodeHold) -> usize) -> usize {
+        let mut counts: Vec<usize> = self.holds.iter().flatten().map(of).collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        counts.get(quorum - 1).copied().unwrap_or(0)
     }
 
     fn fencing_token(&self) -> Option<u64> {
@@ -124,28 +136,30 @@ async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, N
     // SCAN may return a key twice.
     names.sort();
     names.dedup();
+    let script = inspect_script();
+    script.load_async(&mut conn).await.map_err(failed)?;
     let mut found = Vec::with_capacity(names.len());
     for batch in names.chunks(BATCH) {
         let mut pipe = redis::pipe();
         for name in batch {
-            let [lock, fence, _] = redis_keys(prefix, name);
-            pipe.cmd("PTTL").arg(lock).cmd("GET").arg(fence);
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(3)
+                .arg(redis_key(prefix, name, KeyKind::Lock))
+                .arg(redis_key(prefix, name, KeyKind::Fence))
+                .arg(redis_key(prefix, name, KeyKind::QueueLeases));
         }
-        let values: Vec<Option<i64>> = pipe.query_async(&mut conn).await.map_err(failed)?;
-        for (name, pair) in batch.iter().zip(values.chunks(2)) {
-            let (pttl, fence) = (
-                pair.first().copied().flatten(),
-                pair.get(1).copied().flatten(),
-            );
-            // -2: the key expired or was released since SCAN saw it.
-            if pttl == Some(-2) {
+        let replies: Vec<Vec<i64>> = pipe.query_async(&mut conn).await.map_err(failed)?;
+        for (name, reply) in batch.iter().zip(replies) {
+            // [-2]: the lock expired or was released since SCAN saw it.
+            let [pttl, fence, holders, queued] = reply[..] else {
                 continue;
-            }
+            };
             let hold = NodeHold {
-                remaining: pttl
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(Duration::from_millis),
-                fencing_token: fence.and_then(|f| u64::try_from(f).ok()),
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+                fencing_token: u64::try_from(fence).ok(),
+                holders: usize::try_from(holders).unwrap_or(0),
+                queued: usize::try_from(queued).unwrap_or(0),
             };
             found.push((name.clone(), hold));
         }
@@ -156,7 +170,7 @@ async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, N
 fn print_table(target: &Target, locks: &[Listed]) {
     let quorum = target.quorum();
     if target.cluster {
-        let header = ["KEY", "MASTER", "REMAINING", "FENCE"];
+        let header = ["KEY", "MASTER", "REMAINING", "FENCE", "HOLDERS", "QUEUED"];
         let rows: Vec<Vec<String>> = locks
             .iter()
             .map(|lock| {
@@ -173,6 +187,8 @@ fn print_table(target: &Target, locks: &[Listed]) {
                     master,
                     format::duration(lock.remaining(quorum)),
                     format::token(lock.fencing_token()),
+                    lock.count(quorum, |h| h.holders).to_string(),
+                    lock.count(quorum, |h| h.queued).to_string(),
                 ]
             })
             .collect();
@@ -184,7 +200,7 @@ fn print_table(target: &Target, locks: &[Listed]) {
     if redlock {
         header.push("NODES");
     }
-    header.extend(["REMAINING", "FENCE"]);
+    header.extend(["REMAINING", "FENCE", "HOLDERS", "QUEUED"]);
     if redlock {
         header.extend(target.nodes.iter().map(|n| n.name.as_str()));
     }
@@ -197,6 +213,8 @@ fn print_table(target: &Target, locks: &[Listed]) {
             }
             row.push(format::duration(lock.remaining(quorum)));
             row.push(format::token(lock.fencing_token()));
+            row.push(lock.count(quorum, |h| h.holders).to_string());
+            row.push(lock.count(quorum, |h| h.queued).to_string());
             if redlock {
                 row.extend(
                     lock.holds
@@ -234,6 +252,8 @@ fn print_json(target: &Target, locks: &[Listed], unreachable: &[String]) {
                 "nodes_holding": lock.holding(),
                 "remaining_ms": format::millis(lock.remaining(quorum)),
                 "fencing_token": lock.fencing_token(),
+                "holders": lock.count(quorum, |h| h.holders),
+                "queued": lock.count(quorum, |h| h.queued),
                 "nodes": nodes,
             })
         })

@@ -50,7 +50,7 @@ async fn list_shows_held_locks_with_remaining_and_token_and_filters_by_pattern()
     assert_eq!(code(&all), Some(0), "{all:?}");
     assert_eq!(
         all.stdout[0].split_whitespace().collect::<Vec<_>>(),
-        ["KEY", "REMAINING", "FENCE"]
+        ["KEY", "REMAINING", "FENCE", "HOLDERS", "QUEUED"]
     );
     let cells = row(&all, &wallet).unwrap_or_else(|| panic!("{wallet} not listed: {all:?}"));
     assert!(cells[1].ends_with('s'), "remaining: {cells:?}");
@@ -62,6 +62,90 @@ async fn list_shows_held_locks_with_remaining_and_token_and_filters_by_pattern()
     assert_eq!(code(&filtered), Some(0), "{filtered:?}");
     assert!(row(&filtered, &wallet).is_some(), "{filtered:?}");
     assert!(row(&filtered, &order).is_none(), "{filtered:?}");
+}
+
+/// A read lock's holders and a fair lock's queue, in `list` (table and JSON) and `inspect`.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_and_inspect_show_holders_and_the_queue_of_lock_kinds() {
+    let server = RedisServer::start();
+    let (locks, others) = (client(&server), client(&server));
+    let (cache, queue) = (unique_key("cache"), unique_key("queue"));
+    let _readers = [
+        locks
+            .lock(&cache)
+            .shared(true)
+            .ttl(TTL)
+            .acquire()
+            .await
+            .unwrap(),
+        others
+            .lock(&cache)
+            .shared(true)
+            .ttl(TTL)
+            .acquire()
+            .await
+            .unwrap(),
+    ];
+    let _head = locks
+        .lock(&queue)
+        .fair(true)
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        others
+            .lock(&queue)
+            .fair(true)
+            .ttl(TTL)
+            .wait(Duration::from_secs(20))
+            .acquire(),
+    );
+    lock_tests::until_queued(&locks, &queue, 1).await;
+    let url = server.url();
+
+    let all = lockctl(&["--url", &url, "list"]);
+    assert_eq!(code(&all), Some(0), "{all:?}");
+    let cells = row(&all, &cache).unwrap_or_else(|| panic!("{cache} not listed: {all:?}"));
+    assert_eq!(
+        cells[3..],
+        ["2", "0"],
+        "holders and queue of a read lock: {all:?}"
+    );
+    let cells = row(&all, &queue).unwrap_or_else(|| panic!("{queue} not listed: {all:?}"));
+    assert_eq!(
+        cells[3..],
+        ["1", "1"],
+        "holders and queue of a fair lock: {all:?}"
+    );
+
+    let listed = json(&lockctl(&["--url", &url, "--json", "list"]));
+    let entry = |key: &str| {
+        listed["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["key"] == key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{key} not in {listed}"))
+    };
+    assert_eq!(entry(&cache)["holders"], 2);
+    assert_eq!(entry(&queue)["queued"], 1);
+
+    let inspect = lockctl(&["--url", &url, "inspect", &queue]);
+    assert!(
+        inspect
+            .stdout
+            .iter()
+            .any(|l| l.split_whitespace().eq(["queued", "1"])),
+        "{inspect:?}"
+    );
+    let inspect = json(&lockctl(&["--url", &url, "--json", "inspect", &cache]));
+    assert_eq!(
+        (&inspect["holders"], &inspect["queued"]),
+        (&2.into(), &0.into())
+    );
+    waiter.abort();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -268,8 +352,8 @@ async fn redlock_list_and_inspect_show_each_node() {
     assert_eq!(cells[1], "3/3", "{list:?}");
     assert_eq!(
         cells.len(),
-        7,
-        "key, nodes, remaining, fence and one column per node: {list:?}"
+        9,
+        "key, nodes, remaining, fence, holders, queued and one column per node: {list:?}"
     );
 
     // One node loses the key: still listed, held by 2 of 3.

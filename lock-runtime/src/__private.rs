@@ -10,6 +10,13 @@ pub use crate::backend::{KeyKind, lock_name_of};
 /// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
 pub use crate::backend::{redis_key, redis_keys};
 
+/// The script behind `inspect` on a Redis node, for `lockctl list` (which pipelines it). KEYS:
+/// lock, fence, queue leases (see [`redis_key`]). Replies `[-2]` when the lock is not held, else
+/// `[pttl, fence (-1: none), live holders, live queued waiters]`.
+pub fn inspect_script() -> &'static redis::Script {
+    &crate::backend::scripts::INSPECT
+}
+
 use crate::Lock;
 
 /// The return type of a `#[distributed_lock]` function.

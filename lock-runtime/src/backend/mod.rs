@@ -7,7 +7,7 @@ mod etcd;
 mod memory;
 mod redis;
 mod redlock;
-mod scripts;
+pub(crate) mod scripts;
 mod sentinel;
 
 use std::fmt;
