@@ -244,7 +244,7 @@ fn exclusive(
     for (index, name) in names.iter().enumerate() {
         if let Some(group) = state.group(name, now) {
             if group.permits > 0 {
-                return mismatch(name, ask.mode, i64::from(group.permits));
+                return Attempt::mismatch(name, ask.mode, i64::from(group.permits));
             }
             // Readers hold it: a writer that waits keeps new readers out meanwhile.
             if ask.queue {
@@ -292,7 +292,7 @@ fn exclusive(
 fn fair(state: &mut State, name: &Arc<str>, token: &Token, ask: Ask, now: Instant) -> Attempt {
     if let Some(group) = state.group(name, now) {
         let permits = i64::from(group.permits);
-        return mismatch(name, ask.mode, permits);
+        return Attempt::mismatch(name, ask.mode, permits);
     }
     let holder = state
         .live(name, now)
@@ -402,7 +402,7 @@ fn shared(
 ) -> Attempt {
     if let Some(entry) = state.live(name, now) {
         if permits > 0 {
-            return mismatch(name, ask.mode, -1);
+            return Attempt::mismatch(name, ask.mode, -1);
         }
         return Attempt::Held {
             index: 0,
@@ -414,7 +414,7 @@ fn shared(
     if let Some(group) = state.group(name, now) {
         if group.permits != permits {
             let theirs = i64::from(group.permits);
-            return mismatch(name, ask.mode, theirs);
+            return Attempt::mismatch(name, ask.mode, theirs);
         }
         ours = group.holders.contains_key(token);
         let refused = !ours
@@ -447,10 +447,6 @@ fn shared(
         Vec::new()
     };
     Attempt::Acquired { fences }
-}
-
-fn mismatch(name: &str, mode: Mode, other: i64) -> Attempt {
-    super::redis::mismatch(name, mode, other)
 }
 
 /// Like Redis: a new counter starts from the clock in microseconds, so tokens still grow across

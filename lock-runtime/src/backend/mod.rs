@@ -210,6 +210,31 @@ pub(crate) enum Attempt {
     Mismatch { field: &'static str, reason: String },
 }
 
+impl Attempt {
+    /// The answer to a caller of `key` in `mode` whose other callers use it as a lock of another
+    /// kind: `other` is their permit count (0: a shared lock, -1: an exclusive lock).
+    pub(crate) fn mismatch(key: &str, mode: Mode, other: i64) -> Attempt {
+        let theirs = match other {
+            -1 => "an exclusive lock".to_owned(),
+            0 => "a shared (read/write) lock".to_owned(),
+            n => format!("a semaphore with permits = {n}"),
+        };
+        let field = match mode {
+            Mode::Permits(_) => "permits",
+            Mode::Shared => "shared",
+            Mode::Fair => "fair",
+            Mode::Exclusive => "permits",
+        };
+        Attempt::Mismatch {
+            field,
+            reason: format!(
+                "key {key:?} is used as {theirs} by its other callers; this call asks for a {mode} \
+                 lock: every caller of a key must use it the same way"
+            ),
+        }
+    }
+}
+
 /// The answer to one extension.
 #[derive(Debug, Clone)]
 pub(crate) enum ExtendOutcome {

@@ -543,7 +543,7 @@ impl Calls {
                 let key = names
                     .get(usize::try_from(*index - 1).unwrap_or(0))
                     .unwrap_or(&names[0]);
-                Ok(mismatch(key, mode, *other))
+                Ok(Attempt::mismatch(key, mode, *other))
             }
             _ => Err(NodeFailure::response(
                 &self.addr,
@@ -624,29 +624,6 @@ impl Calls {
         self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
             .await
             .map(drop)
-    }
-}
-
-/// The answer to a caller of `key` in `mode` whose other callers use it as a lock of another
-/// kind: `other` is their permit count (0: a shared lock, -1: an exclusive lock).
-pub(crate) fn mismatch(key: &str, mode: Mode, other: i64) -> Attempt {
-    let theirs = match other {
-        -1 => "an exclusive lock".to_owned(),
-        0 => "a shared (read/write) lock".to_owned(),
-        n => format!("a semaphore with permits = {n}"),
-    };
-    let field = match mode {
-        Mode::Permits(_) => "permits",
-        Mode::Shared => "shared",
-        Mode::Fair => "fair",
-        Mode::Exclusive => "permits",
-    };
-    Attempt::Mismatch {
-        field,
-        reason: format!(
-            "key {key:?} is used as {theirs} by its other callers; this call asks for a {mode} \
-             lock: every caller of a key must use it the same way"
-        ),
     }
 }
 

@@ -80,18 +80,18 @@ pub(crate) async fn fair_waiters_are_served_in_arrival_order(fx: &Fx) {
 pub(crate) async fn fair_lock_is_not_taken_past_the_queue(fx: &Fx) {
     let key = unique_key("kind:fair-barge");
     let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
-    let waiter = {
-        let (b, k) = (fx.b.clone(), key.clone());
-        fx.start_waiter(&key, async move {
-            b.lock(&k).fair(true).wait(LONG).acquire().await
-        })
-        .await
-    };
+    let waiter = fx
+        .start_lock_waiter(&key, fx.b.lock(&key).fair(true).wait(LONG))
+        .await;
     held.release().await.unwrap();
     // Handed to the waiter on the server: a newcomer finds it taken even before the waiter
     // has picked it up.
     assert!(is_contended(&fx.a.lock(&key).fair(true).acquire().await));
-    let guard = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
+    let guard = bounded(LONG, "the waiter", waiter)
+        .await
+        .unwrap()
+        .1
+        .unwrap();
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
     fx.a.lock(&key)
@@ -118,34 +118,24 @@ pub(crate) async fn fair_waiters_that_give_up_leave_the_queue(fx: &Fx) {
             .acquire()
             .await;
     assert!(is_contended(&timed_out), "{timed_out:?}");
-    let cancelled = {
-        let (b, k) = (fx.b.clone(), key.clone());
-        fx.start_waiter(&key, async move {
-            b.lock(&k).fair(true).ttl(ttl).wait(LONG).acquire().await
-        })
-        .await
-    };
-    let last = {
-        let (a, k) = (fx.a.clone(), key.clone());
-        fx.start_waiter(&key, async move {
-            a.lock(&k).fair(true).wait(LONG).acquire().await
-        })
-        .await
-    };
+    let cancelled = fx
+        .start_lock_waiter(&key, fx.b.lock(&key).fair(true).ttl(ttl).wait(LONG))
+        .await;
+    let last = fx
+        .start_lock_waiter(&key, fx.a.lock(&key).fair(true).wait(LONG))
+        .await;
     until_queued(&fx.b, &key, 2).await;
     cancelled.abort();
     assert!(cancelled.await.is_err());
     until_queued(&fx.b, &key, 1).await;
     let released = Instant::now();
     held.release().await.unwrap();
-    let guard = bounded(LONG, "the last waiter", last)
-        .await
-        .unwrap()
-        .unwrap();
+    let (got_at, guard) = bounded(LONG, "the last waiter", last).await.unwrap();
+    let guard = guard.unwrap();
     assert!(
-        released.elapsed() < Duration::from_secs(4),
+        got_at - released < Duration::from_secs(4),
         "{:?}",
-        released.elapsed()
+        got_at - released
     );
     guard.release().await.unwrap();
 }
@@ -183,14 +173,7 @@ pub(crate) async fn shared_holders_overlap_and_exclude_a_writer(fx: &Fx) {
 pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
     let key = unique_key("kind:rw-writer");
     let reader = fx.a.lock(&key).shared(true).acquire().await.unwrap();
-    let writer = {
-        let (b, k) = (fx.b.clone(), key.clone());
-        fx.start_waiter(&key, async move {
-            let guard = b.lock(&k).wait(LONG).acquire().await;
-            (Instant::now(), guard)
-        })
-        .await
-    };
+    let writer = fx.start_lock_waiter(&key, fx.b.lock(&key).wait(LONG)).await;
     // The writer waits: a new reader is refused although only readers hold the key.
     let late = fx.a.lock(&key).shared(true).acquire().await;
     assert!(is_contended(&late), "{late:?}");
@@ -227,20 +210,17 @@ pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
     assert_eq!(tokens.len(), 3, "each permit has its own fencing token");
     assert_eq!(fx.b.inspect(&key).await.unwrap().unwrap().holders, 3);
     assert!(is_contended(&fx.b.lock(&key).permits(3).acquire().await));
-    let waiter = {
-        let (b, k) = (fx.b.clone(), key.clone());
-        fx.start_waiter(&key, async move {
-            b.lock(&k).permits(3).wait(LONG).acquire().await
-        })
-        .await
-    };
+    let waiter = fx
+        .start_lock_waiter(&key, fx.b.lock(&key).permits(3).wait(LONG))
+        .await;
     let released = Instant::now();
     held.pop().unwrap().release().await.unwrap();
-    let fourth = bounded(LONG, "the waiter", waiter).await.unwrap().unwrap();
+    let (got_at, fourth) = bounded(LONG, "the waiter", waiter).await.unwrap();
+    let fourth = fourth.unwrap();
     assert!(
-        released.elapsed() < Duration::from_secs(2),
+        got_at - released < Duration::from_secs(2),
         "{:?}",
-        released.elapsed()
+        got_at - released
     );
     for guard in held {
         guard.release().await.unwrap();

@@ -193,13 +193,22 @@ impl Fx {
     /// Starts `waiter` (a lock of `b` that waits, blocked on `blocked_on`), releases `held`, and
     /// returns the waiter's guard, checking it was woken by the release: its next attempt was due
     /// 2.5s or more later ([`RETRY_DELAY`]).
+    /// [`start_waiter`](Self::start_waiter) for `lock.acquire()`; the task answers when the
+    /// acquire returned, and what it returned.
+    async fn start_lock_waiter(
+        &self,
+        blocked_on: &str,
+        lock: Lock,
+    ) -> tokio::task::JoinHandle<(Instant, Result<LockGuard, LockError>)> {
+        self.start_waiter(blocked_on, async move {
+            let guard = lock.acquire().await;
+            (Instant::now(), guard)
+        })
+        .await
+    }
+
     async fn hand_off(&self, held: LockGuard, blocked_on: &str, waiter: Lock) -> LockGuard {
-        let waiter = self
-            .start_waiter(blocked_on, async move {
-                let guard = waiter.acquire().await;
-                (Instant::now(), guard)
-            })
-            .await;
+        let waiter = self.start_lock_waiter(blocked_on, waiter).await;
         let released_at = Instant::now();
         held.release().await.unwrap();
         let (got_at, guard) = waiter.await.unwrap();
