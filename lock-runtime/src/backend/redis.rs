@@ -817,7 +817,18 @@ impl Subscriptions {
                             .ok()
                             .and_then(|c| subs.table().get(c).map(|e| Arc::clone(&e.name)));
                         if let Some(name) = name {
-                            wakers.notify(&name);
+                            // A fair lock's hand-off names the waiter it went to by ticket;
+                            // anything else ("", garbage) is for every waiter.
+                            let ticket = match push.data.get(1) {
+                                Some(redis::Value::BulkString(payload)) => {
+                                    std::str::from_utf8(payload)
+                                        .ok()
+                                        .and_then(|p| p.parse::<u64>().ok())
+                                        .unwrap_or(0)
+                                }
+                                _ => 0,
+                            };
+                            wakers.notify_for(&name, ticket);
                         }
                     }
                 }

@@ -76,6 +76,37 @@ pub(crate) async fn fair_waiters_are_served_in_arrival_order(fx: &Fx) {
     assert_eq!(queued(&fx.b, &key).await, 0);
 }
 
+/// A fair release hands the lock to the head of the queue and wakes it alone: through six
+/// hand-offs in a row, each costs the release and the head's one attempt, and no other waiter
+/// (half of them in the head's own client) makes one. Waking every waiter would add 15.
+pub(crate) async fn a_fair_hand_off_wakes_the_head_alone(fx: &Fx) {
+    let key = unique_key("kind:fair-herd");
+    let held = fx.a.lock(&key).fair(true).acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..6 {
+        let (client, k) = (if i % 2 == 0 { &fx.b } else { &fx.a }.clone(), key.clone());
+        waiters.push(
+            fx.start_waiter(&key, async move {
+                let guard = client.lock(&k).fair(true).wait(LONG).acquire().await;
+                guard.unwrap().release().await.unwrap();
+            })
+            .await,
+        );
+        until_queued(&fx.b, &key, i + 1).await;
+    }
+    let before = fx.script_calls();
+    held.release().await.unwrap();
+    for waiter in waiters {
+        bounded(LONG, "a fair waiter", waiter).await.unwrap();
+    }
+    let spent = fx.script_calls() - before;
+    eprintln!("six fair hand-offs: {spent} script calls");
+    // 7 releases and 6 grants, and at most one late attempt per waiter (the one that follows
+    // its subscription's confirmation, in case a release came before it).
+    assert!(spent <= 7 + 6 + 6, "{spent} script calls");
+    assert_eq!(queued(&fx.b, &key).await, 0);
+}
+
 /// A free fair lock with a queue goes to the queue, not to a caller that did not wait in it.
 pub(crate) async fn fair_lock_is_not_taken_past_the_queue(fx: &Fx) {
     let key = unique_key("kind:fair-barge");
@@ -334,6 +365,7 @@ macro_rules! kind_tests {
     ($fixture:expr) => {
         kind_tests!(@each $fixture;
             fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
+            a_fair_hand_off_wakes_the_head_alone,
             fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
             a_waiting_writer_is_not_starved, permits_admit_up_to_their_count,
             mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,

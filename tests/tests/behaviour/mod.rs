@@ -537,6 +537,20 @@ impl Fx {
             .sum()
     }
 
+    /// Script calls (one per lock operation on a Redis node) run so far, summed over the nodes
+    /// (0 in memory and on etcd).
+    fn script_calls(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|node| {
+                LOCK_COMMANDS[..4]
+                    .iter()
+                    .map(|c| node.command_calls(c))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Waits (bounded) until no node has a lock key of any of `keys`.
     async fn all_free(&self, keys: &[&str]) {
         wait_until_async(Duration::from_secs(2), "released on every node", || {
