@@ -15,7 +15,7 @@ use crate::backend::{Ask, Attempt, Backend, BoxFuture, Mode, Names, Subscription
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
-use crate::wait::{Backoff, WakeHandle, WakeRegistry};
+use crate::wait::{Backoff, HandOff, WakeHandle, WakeRegistry};
 
 /// What one acquisition asks for.
 #[derive(Debug)]
@@ -57,13 +57,14 @@ pub(crate) trait WaitStrategy: Send {
 
     /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
     /// holder's remaining time to live, when the server said; `ticket` a fair waiter's place in
-    /// the queue (releases handed to other waiters are not worth waking for).
+    /// the queue (releases handed to other waiters are not worth waking for). Answers what the
+    /// release that woke it said, when it handed the lock to `ticket`.
     fn pause<'a>(
         &'a mut self,
         pttl: Option<Duration>,
         ticket: Option<u64>,
         until: Option<Instant>,
-    ) -> BoxFuture<'a, ()>;
+    ) -> BoxFuture<'a, Option<HandOff>>;
 }
 
 /// The default strategy: subscribe to the release notifications of every key after the first
@@ -184,7 +185,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         pttl: Option<Duration>,
         ticket: Option<u64>,
         until: Option<Instant>,
-    ) -> BoxFuture<'b, ()> {
+    ) -> BoxFuture<'b, Option<HandOff>> {
         let nap = if pttl == Some(Duration::ZERO) {
             self.soon.next_delay()
         } else {
@@ -210,15 +211,15 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                     w.wakes.iter_mut().map(|h| Box::pin(h.released())),
                 );
                 tokio::select! {
-                    () = &mut sleep => return,
-                    _ = released => return,
+                    () = &mut sleep => return None,
+                    (told, _, _) = released => return told,
                     Some((index, ok)) = w.pending.next(), if confirming => {
                         if ok && w.needed[index] > 0 {
                             w.needed[index] -= 1;
                             if w.needed.iter().all(|n| *n == 0) {
                                 // From now on no release can be missed: look again, since one
                                 // may have happened before.
-                                return;
+                                return None;
                             }
                         }
                     }
@@ -256,6 +257,9 @@ pub(crate) async fn acquire(
     // ours on the server, so a failed call must release by token before returning.
     let mut unsure = false;
     let mut final_try = false;
+    // When the last attempt that renewed our place in a fair queue started: a lock handed to us
+    // lives until that place's lease ends, one ttl after it.
+    let mut queued_at = None;
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
     let result = loop {
         strategy.before_attempt();
@@ -297,6 +301,9 @@ pub(crate) async fn acquire(
                 // A fair waiter with a ticket is in the queue: leaving it takes a release too
                 // (which also passes on a lock handed to it meanwhile).
                 unsure |= ticket.is_some();
+                if ticket.is_some() {
+                    queued_at = Some(attempt_start);
+                }
                 if past(now) {
                     break Err(LockError::Contended {
                         key: req.names.get(index).unwrap_or(&req.names[0]).to_string(),
@@ -306,11 +313,17 @@ pub(crate) async fn acquire(
                 // A waiter's queue entry or writer mark lives one ttl unless the next attempt
                 // renews it: attempt at least three times per ttl.
                 let until = Some(cap(now, req.ttl / 3, req.give_up));
-                tokio::select! {
-                    () = strategy.pause(pttl, ticket, until) => {}
+                let told = tokio::select! {
+                    told = strategy.pause(pttl, ticket, until) => told,
                     () = caller_gone.cancelled() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
+                };
+                if let Some(granted) =
+                    told.and_then(|t| handed_to_us(req, settings, &token, t, queued_at))
+                {
+                    events::acquired(&req.labels, started.elapsed(), attempts, &granted.fences);
+                    break Ok(granted);
                 }
                 continue;
             }
@@ -346,6 +359,32 @@ pub(crate) async fn acquire(
     }
     let unsure = (result.is_err() && unsure).then_some(token);
     Ended { result, unsure }
+}
+
+/// The lock a fair release handed to us, as its message `told` us, without asking the server
+/// again: when the message names our token, carries the fence we need (when fencing), and the
+/// place in the queue it was handed on (renewed by the attempt that started at `queued_at`) is
+/// still valid for a while. Otherwise `None`, and the next attempt finds the lock ours.
+fn handed_to_us(
+    req: &Request,
+    settings: &Settings,
+    token: &Token,
+    told: HandOff,
+    queued_at: Option<Instant>,
+) -> Option<Granted> {
+    if told.digest != token.digest() || (req.fencing && told.fence == 0) {
+        return None;
+    }
+    let valid_until = queued_at? + req.ttl.saturating_sub(settings.drift(req.ttl));
+    (valid_until > Instant::now()).then(|| Granted {
+        token: token.clone(),
+        fences: if req.fencing {
+            vec![told.fence]
+        } else {
+            Vec::new()
+        },
+        valid_until,
+    })
 }
 
 fn gone() -> LockError {

@@ -18,10 +18,45 @@ pub(crate) struct WakeRegistry {
 
 #[derive(Debug)]
 struct Slot {
-    /// The number of releases so far, and the ticket of the waiter the last one was for (0: for
-    /// everyone).
-    tx: watch::Sender<(u64, u64)>,
+    tx: watch::Sender<Release>,
     waiters: usize,
+}
+
+/// The releases of a name a [`WakeRegistry`] learnt of: how many so far, and the last few.
+#[derive(Debug, Clone, Copy, Default)]
+struct Release {
+    count: u64,
+    /// Release `n` is at `n % RECENT`: a waiter that slept through several still finds its own.
+    recent: [Handed; RECENT],
+}
+
+/// How many releases of a name a waiter can sleep through and still be told which was its own.
+const RECENT: usize = 8;
+
+/// Whom one release was for.
+#[derive(Debug, Clone, Copy, Default)]
+struct Handed {
+    /// The ticket of the fair waiter it was handed to (0: to nobody in particular).
+    ticket: u64,
+    /// What the release told that waiter, when it did.
+    hand_off: Option<HandOff>,
+}
+
+impl Release {
+    fn next(&mut self, handed: Handed) {
+        self.count = self.count.wrapping_add(1);
+        self.recent[(self.count % RECENT as u64) as usize] = handed;
+    }
+}
+
+/// What a fair lock's release tells the waiter it handed the lock to: enough to take it without
+/// asking the server again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandOff {
+    /// The lock's fencing token after the hand-off (0: not known, so the waiter asks).
+    pub(crate) fence: u64,
+    /// [`Token::digest`](crate::backend::Token::digest) of the new holder's token.
+    pub(crate) digest: u64,
 }
 
 impl WakeRegistry {
@@ -29,12 +64,12 @@ impl WakeRegistry {
     pub(crate) fn watch(self: &Arc<Self>, name: &str) -> WakeHandle {
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = names.entry(name.to_owned()).or_insert_with(|| Slot {
-            tx: watch::channel((0, 0)).0,
+            tx: watch::channel(Release::default()).0,
             waiters: 0,
         });
         slot.waiters += 1;
         let rx = slot.tx.subscribe();
-        let seen = rx.borrow().0;
+        let seen = rx.borrow().count;
         WakeHandle {
             seen,
             rx,
@@ -46,15 +81,15 @@ impl WakeRegistry {
 
     /// `name` was released.
     pub(crate) fn notify(&self, name: &str) {
-        self.notify_for(name, 0);
+        self.notify_for(name, 0, None);
     }
 
     /// `name` was released and handed to the fair waiter holding `ticket` (0: to nobody in
-    /// particular, which wakes every waiter).
-    pub(crate) fn notify_for(&self, name: &str, ticket: u64) {
+    /// particular, which wakes every waiter), telling it `hand_off` when known.
+    pub(crate) fn notify_for(&self, name: &str, ticket: u64, hand_off: Option<HandOff>) {
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = names.get(name) {
-            slot.tx.send_modify(|n| *n = (n.0.wrapping_add(1), ticket));
+            slot.tx.send_modify(|r| r.next(Handed { ticket, hand_off }));
         }
     }
 
@@ -62,7 +97,7 @@ impl WakeRegistry {
     pub(crate) fn notify_all(&self) {
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         for slot in names.values() {
-            slot.tx.send_modify(|n| *n = (n.0.wrapping_add(1), 0));
+            slot.tx.send_modify(|r| r.next(Handed::default()));
         }
     }
 
@@ -80,7 +115,7 @@ impl WakeRegistry {
 /// One waiter's view of a lock's releases. Dropping it stops watching.
 #[derive(Debug)]
 pub(crate) struct WakeHandle {
-    rx: watch::Receiver<(u64, u64)>,
+    rx: watch::Receiver<Release>,
     /// The release count at the last `mark_seen` or wake-up.
     seen: u64,
     /// A fair waiter's place in the queue: releases handed to other waiters do not wake it.
@@ -93,7 +128,7 @@ impl WakeHandle {
     /// Forget releases seen so far: call right before an attempt, so that a release after the
     /// attempt's answer is seen by [`released`](Self::released).
     pub(crate) fn mark_seen(&mut self) {
-        self.seen = self.rx.borrow_and_update().0;
+        self.seen = self.rx.borrow_and_update().count;
     }
 
     /// From now on only releases handed to `ticket`, or to nobody in particular, wake this
@@ -103,18 +138,33 @@ impl WakeHandle {
     }
 
     /// Resolves at the next release after [`mark_seen`](Self::mark_seen) that is for this
-    /// waiter. When several releases came at once and only the last is known, it wakes too: the
-    /// one before may have been for this waiter.
-    pub(crate) async fn released(&mut self) {
+    /// waiter, with what the release said when it was handed to this waiter's ticket. Releases
+    /// handed to other tickets are slept through; when more came than it can tell apart, it
+    /// wakes (with nothing), since one of them may have been for this waiter.
+    pub(crate) async fn released(&mut self) -> Option<HandOff> {
         loop {
             if self.rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
-            let (count, ticket) = *self.rx.borrow_and_update();
-            let missed = count.wrapping_sub(self.seen) > 1;
-            self.seen = count;
-            if missed || ticket == 0 || self.ticket.is_none_or(|mine| mine == ticket) {
-                return;
+            let last = *self.rx.borrow_and_update();
+            let new = last.count.wrapping_sub(self.seen);
+            let first = self.seen.wrapping_add(1);
+            self.seen = last.count;
+            let mine = self.ticket?;
+            if new > RECENT as u64 {
+                return None;
+            }
+            let handed =
+                (0..new).map(|i| last.recent[(first.wrapping_add(i) % RECENT as u64) as usize]);
+            let mut for_everyone = false;
+            for h in handed {
+                if h.ticket == mine {
+                    return h.hand_off;
+                }
+                for_everyone |= h.ticket == 0;
+            }
+            if for_everyone {
+                return None;
             }
         }
     }
@@ -186,14 +236,37 @@ mod tests {
         let mut handle = registry.watch("f");
         handle.set_ticket(Some(7));
         handle.mark_seen();
-        registry.notify_for("f", 3);
+        registry.notify_for("f", 3, None);
         // The notification is already there: one poll sees it, and must not wake.
         let early = futures_util::FutureExt::now_or_never(handle.released());
         assert!(early.is_none(), "woken by a hand-off to ticket 3");
-        registry.notify_for("f", 7);
-        tokio::time::timeout(Duration::from_secs(5), handle.released())
+        let hand_off = HandOff {
+            fence: 12,
+            digest: 34,
+        };
+        registry.notify_for("f", 7, Some(hand_off));
+        let told = tokio::time::timeout(Duration::from_secs(5), handle.released())
             .await
             .unwrap_or_else(|_| panic!("not woken by its own hand-off"));
+        assert_eq!(told, Some(hand_off), "what its hand-off said");
+        // Its own hand-off among several it slept through: still told.
+        handle.mark_seen();
+        registry.notify_for("f", 3, None);
+        registry.notify_for("f", 7, Some(hand_off));
+        registry.notify_for("f", 9, None);
+        let told = tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by folded releases"));
+        assert_eq!(told, Some(hand_off));
+        // More than it can tell apart: woken, told nothing (one may have been its own).
+        handle.mark_seen();
+        for ticket in 10..=(10 + RECENT as u64) {
+            registry.notify_for("f", ticket, None);
+        }
+        let told = tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by a burst of releases"));
+        assert_eq!(told, None);
         // A release for nobody in particular wakes it too.
         handle.mark_seen();
         registry.notify("f");

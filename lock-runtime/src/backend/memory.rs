@@ -220,7 +220,7 @@ impl MemoryNode {
             }
         }
         match handed {
-            Some(ticket) => self.wakers.notify_for(&names[0], ticket),
+            Some(ticket) => self.wakers.notify_for(&names[0], ticket, None),
             None if wake || mode == Mode::Fair => {
                 for name in &released {
                     self.wakers.notify(name);

@@ -182,6 +182,15 @@ impl Token {
         // Always ASCII hex digits.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
+
+    /// The first 64 bits of the token's SHA-1: how a fair hand-off names its new holder in a
+    /// message every subscriber of the lock sees, which must not carry the token itself.
+    pub(crate) fn digest(&self) -> u64 {
+        let sha = sha1_smol::Sha1::from(self.as_str()).digest().bytes();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&sha[..8]);
+        u64::from_be_bytes(first)
+    }
 }
 
 impl fmt::Debug for Token {

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::config::{NodeAddr, Settings};
 use crate::error::{LockError, NodeFailure};
-use crate::wait::WakeRegistry;
+use crate::wait::{HandOff, WakeRegistry};
 
 /// How many extensions go into one pipeline (one round trip).
 const EXTEND_CHUNK: usize = 512;
@@ -627,6 +627,23 @@ impl Calls {
     }
 }
 
+/// What a release message says: a fair lock's hand-off names the waiter it went to by ticket,
+/// with the new fence and the digest of its token (see `scripts::FAIR_RELEASE`); anything else
+/// ("", garbage) is for every waiter (ticket 0).
+fn hand_off(payload: &[u8]) -> (u64, Option<HandOff>) {
+    let text = std::str::from_utf8(payload).unwrap_or_default();
+    let mut parts = text.split(' ');
+    let Some(ticket) = parts.next().and_then(|t| t.parse::<u64>().ok()) else {
+        return (0, None);
+    };
+    let fence = parts.next().and_then(|f| f.parse::<u64>().ok());
+    let digest = parts.next().and_then(|d| u64::from_str_radix(d, 16).ok());
+    match (fence, digest) {
+        (Some(fence), Some(digest)) => (ticket, Some(HandOff { fence, digest })),
+        _ => (ticket, None),
+    }
+}
+
 /// A connection [`Calls`] can use.
 pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
 
@@ -817,18 +834,11 @@ impl Subscriptions {
                             .ok()
                             .and_then(|c| subs.table().get(c).map(|e| Arc::clone(&e.name)));
                         if let Some(name) = name {
-                            // A fair lock's hand-off names the waiter it went to by ticket;
-                            // anything else ("", garbage) is for every waiter.
-                            let ticket = match push.data.get(1) {
-                                Some(redis::Value::BulkString(payload)) => {
-                                    std::str::from_utf8(payload)
-                                        .ok()
-                                        .and_then(|p| p.parse::<u64>().ok())
-                                        .unwrap_or(0)
-                                }
-                                _ => 0,
+                            let (ticket, hand_off) = match push.data.get(1) {
+                                Some(redis::Value::BulkString(payload)) => hand_off(payload),
+                                _ => (0, None),
                             };
-                            wakers.notify_for(&name, ticket);
+                            wakers.notify_for(&name, ticket, hand_off);
                         }
                     }
                 }

@@ -253,7 +253,10 @@ return {0, 1, pttl, tonumber(ticket or 0)}
 /// Deletes the lock if `token` holds it and drops `token`'s queue entry. If the lock is then
 /// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
 /// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
-/// the waiter alone woken (the message carries its ticket). Returns 1 when `token` held the lock.
+/// the waiter alone woken: the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
+/// new fence (0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
+/// waiter's token, which lets it take the lock without asking again. Returns 1 when `token` held
+/// the lock.
 pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
@@ -278,8 +281,10 @@ if head[1] then
   redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
   redis.call('ZREM', Q, head[1])
   redis.call('ZREM', E, head[1])
-  if redis.call('EXISTS', F) == 1 then redis.call('INCR', F) end
-  redis.pcall(ARGV[2], ARGV[3], head[2])
+  local fence = 0
+  if redis.call('EXISTS', F) == 1 then fence = redis.call('INCR', F) end
+  local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
+  redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
 elseif released == 1 then
   redis.pcall(ARGV[2], ARGV[3], '')
 end
