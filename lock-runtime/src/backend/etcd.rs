@@ -1,17 +1,49 @@
 //! etcd v3 (feature `etcd`): one [`Node`] for the whole cluster. etcd replicates every write
 //! through raft, so the cluster is one linearizable node to us, not a quorum to count.
 //!
-//! Layout and protocol, per lock (its keys `prefix + name`):
-//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, reused by the
-//!   retries of the same token), then one transaction over every key: if each key's
-//!   `create_revision` is 0 (absent), put `token` under the lease on each; else read them (a key
-//!   holding our token means an earlier attempt of ours landed: "ours"). The fencing token is the
-//!   create revision, which grows across the cluster and across leader changes;
-//! - renewal: a lease keepalive, then a read of the keys (deleted by hand, or by `force_release`:
-//!   not ours any more);
-//! - release: delete the keys if each still holds our token (one transaction), then revoke the
-//!   lease (which also deletes whatever of ours a partial loss left);
-//! - waiting: a watch on the key's deletions wakes this client's waiters.
+//! Layout, per lock: its key `K = prefix + name` (each NUL byte of it doubled, so that nothing
+//! below is ever another lock's key), which holds the token of an exclusive holder; and entries
+//! `K \0 tag \0 token` for the other kinds, each holding what it is, so that callers that use the
+//! key another way find out (a `Mismatch`, worded as for Redis):
+//! - `q`, value `fair`: a fair lock's line. The entry with the lowest create revision holds the
+//!   lock (while `K` is absent); the others wait in that order;
+//! - `r`, value `shared-r`: a reader (shared holder);
+//! - `w`, value `shared-w`: an exclusive caller (a writer) waiting for readers: no new reader
+//!   gets in while one lives;
+//! - `p`, value `permits=N`: a semaphore's line: the N entries with the lowest create revisions
+//!   hold a permit each, the others wait in that order.
+//!
+//! Every key and entry of an acquisition lives under its lease, so a crashed caller's vanish
+//! within its ttl. The fencing token is the create revision of `K` or of the holder's entry: it
+//! grows across the cluster and across leader changes, and every grant has its own.
+//!
+//! Protocol:
+//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, kept alive by
+//!   each retry of the same token: that renews a waiter's entries too), then one transaction.
+//!   Exclusive, over every key: if each `K` is absent and no `p`, `q` or `r` entry is under it
+//!   (a range compare), put `token` under the lease on each; else read each `K` and its first
+//!   entry (a key holding our token means an earlier attempt of ours landed: "ours"), and, for a
+//!   caller that waits, put its `w` entry where readers hold the key (or delete one of an earlier
+//!   attempt where they do not). A reader: when no `p` or `q` entry exists (else a mismatch), put
+//!   its `r` entry if `K` is absent and no `w` entry exists; granted if its entry exists. Fair:
+//!   when no `p` or `r` entry exists, put its `q` entry (a caller that does not wait only when
+//!   nobody is in line and `K` is absent), then read `K` and the first in line. Permits: when `K`
+//!   is absent and no `q` or `r` entry exists, put its `p` entry if every `p` entry there says the
+//!   same N, then read the first N; a caller that does not wait withdraws an entry that got no
+//!   permit (one more request);
+//! - renewal: a lease keepalive, then a read of the keys (or of the entry) that prove the hold
+//!   (deleted by hand, or by `force_release`: not ours any more);
+//! - release: delete the keys if each still holds our token (one transaction), or our entry,
+//!   then revoke the lease (which also deletes whatever of ours a partial loss left, and a
+//!   writer's marks). A waiter that gives up releases too: its place in line or its marks go at
+//!   once (`Attempt::Held` carries a ticket for those, which makes the caller release);
+//! - waiting: one watch per waiter over `K` and every entry under it, for deletions; the first of
+//!   a client's watches of a name to see a deletion wakes that client's waiters. When only fair
+//!   entries left, only the new first in line is woken (its ticket is its entry's create
+//!   revision), with the waiters that have no ticket;
+//! - inspect and `force_release` read `K` and the entries; a forced release deletes what holds
+//!   the lock (`K`, every reader, the first N entries, the first in line) and leaves the waiters
+//!   in place.
 //!
 //! The client talks to one member at a time (the last that answered) and moves on to the next
 //! when one refuses, breaks, or has no leader (requests carry etcd's require-leader flag, so a
