@@ -242,7 +242,10 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
                 if info.is_some_and(|i| i.queued == n) {
                     return;
                 }
-                assert!(Instant::now() < deadline, "{n} waiters never queued on {key}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{n} waiters never queued on {key}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -252,7 +255,12 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
         let (cut, key) = (cut.clone(), key.clone());
         tokio::spawn(async move {
             let wait = Duration::from_secs(30);
-            cut.lock(&key).fair(true).ttl(ttl).wait(wait).acquire().await
+            cut.lock(&key)
+                .fair(true)
+                .ttl(ttl)
+                .wait(wait)
+                .acquire()
+                .await
         })
     };
     queued(1).await;
@@ -274,7 +282,10 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
     eprintln!("the waiter behind got the lock {waited:?} after the one before it was cut off");
     // The cut-off entry was renewed at most ttl/3 before the cut (each attempt renews it), and
     // goes at its lease's end plus etcd's 500ms expiry sweep.
-    assert!(waited >= ttl / 2, "served before the entry ahead ran out: {waited:?}");
+    assert!(
+        waited >= ttl / 2,
+        "served before the entry ahead ran out: {waited:?}"
+    );
     assert!(waited < ttl + Duration::from_millis(1500), "{waited:?}");
     doomed.abort();
     assert!(doomed.await.is_err());

@@ -1,8 +1,8 @@
 //! etcd v3 (feature `etcd`): one [`Node`] for the whole cluster. etcd replicates every write
 //! through raft, so the cluster is one linearizable node to us, not a quorum to count.
 //!
-//! Layout, per lock: its key `K = prefix + name` (each NUL byte of it doubled, so that nothing
-//! below is ever another lock's key), which holds the token of an exclusive holder; and entries
+//! Layout, per lock: its key `K = prefix + name` (each NUL byte of it followed by 0x7f, so that
+//! nothing below is ever another lock's key, nor falls in a range compared), which holds the token of an exclusive holder; and entries
 //! `K \0 tag \0 token` for the other kinds, each holding what it is, so that callers that use the
 //! key another way find out (a `Mismatch`, worded as for Redis):
 //! - `q`, value `fair`: a fair lock's line. The entry with the lowest create revision holds the
@@ -20,11 +20,11 @@
 //! Protocol:
 //! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, kept alive by
 //!   each retry of the same token: that renews a waiter's entries too), then one transaction.
-//!   Exclusive, over every key: if each `K` is absent and no `p`, `q` or `r` entry is under it
-//!   (a range compare), put `token` under the lease on each; else read each `K` and its first
-//!   entry (a key holding our token means an earlier attempt of ours landed: "ours"), and, for a
-//!   caller that waits, put its `w` entry where readers hold the key (or delete one of an earlier
-//!   attempt where they do not). A reader: when no `p` or `q` entry exists (else a mismatch), put
+//!   Exclusive, over every key: if no key exists from `K` up to its `r` entries (one range
+//!   compare per key: `K` is absent and no `p`, `q` or `r` entry is under it), put `token` under
+//!   the lease on each; else read the first key of each range (a `K` holding our token means an
+//!   earlier attempt of ours landed: "ours"). A caller that waits and was refused by readers then
+//!   puts its `w` entry there (one more request, on the waiting path only). A reader: when no `p` or `q` entry exists (else a mismatch), put
 //!   its `r` entry if `K` is absent and no `w` entry exists; granted if its entry exists. Fair:
 //!   when no `p` or `r` entry exists, put its `q` entry (a caller that does not wait only when
 //!   nobody is in line and `K` is absent), then read `K` and the first in line. Permits: when `K`
@@ -35,7 +35,7 @@
 //!   (deleted by hand, or by `force_release`: not ours any more);
 //! - release: delete the keys if each still holds our token (one transaction), or our entry,
 //!   then revoke the lease (which also deletes whatever of ours a partial loss left, and a
-//!   writer's marks). A waiter that gives up releases too: its place in line or its marks go at
+//!   writer's marks: then before the release answers). A waiter that gives up releases too: its place in line or its marks go at
 //!   once (`Attempt::Held` carries a ticket for those, which makes the caller release);
 //! - waiting: one watch per waiter over `K` and every entry under it, for deletions; the first of
 //!   a client's watches of a name to see a deletion wakes that client's waiters. When only fair
@@ -222,7 +222,8 @@ struct Grant {
     /// The keys' (or the entry's) create revision once granted: the release deletes only that
     /// incarnation.
     revision: Option<i64>,
-    /// A waiting writer's marks are on some keys: the grant takes them away.
+    /// A waiting writer's marks are on some keys (under the lease): the release revokes the
+    /// lease at once.
     marked: bool,
 }
 
@@ -507,7 +508,6 @@ impl Inner {
             Answer::Granted(revision) => {
                 if let Some(grant) = self.grants().get_mut(token) {
                     grant.revision = Some(revision);
-                    grant.marked = false;
                 }
                 let fence = u64::try_from(revision).unwrap_or(0);
                 let fences = if ask.fencing {
@@ -521,7 +521,7 @@ impl Inner {
                 // Our entries wait on the server under the lease: keep it (the next attempt
                 // renews it, a release or its TTL ends it).
                 if let Some(grant) = self.grants().get_mut(token) {
-                    grant.marked = marked;
+                    grant.marked |= marked;
                 }
                 Ok(attempt)
             }
@@ -532,10 +532,10 @@ impl Inner {
         }
     }
 
-    /// One transaction over every key: if each key is absent and has no entry that holds or
-    /// queues for it (readers, a fair queue, a semaphore), put `token` under the lease on each
-    /// (and take away the writer's marks of earlier attempts); else read each key and its first
-    /// entry and, for a caller that waits, mark it as a waiting writer where readers hold the key.
+    /// One transaction over every key: if no key exists from each `K` up to its `p`, `q` and
+    /// `r` entries (one range compare: the key is absent and no reader, fair line or semaphore
+    /// is on it), put `token` under the lease on each; else read the first key of each range
+    /// (`K` itself when it exists, else the entry that refuses us).
     async fn acquire_exclusive(
         &self,
         names: &[Arc<str>],
@@ -543,53 +543,35 @@ impl Inner {
         ask: Ask,
         lease: i64,
     ) -> Result<Answer, NodeFailure> {
-        let marked = self.grants().get(token).is_some_and(|g| g.marked);
         let keys: Vec<Keys> = names.iter().map(|n| self.keys(n)).collect();
-        let mut when = Vec::with_capacity(2 * keys.len());
+        // One compare, one put and one read per key: as many keys as a transaction takes.
+        let mut when = Vec::with_capacity(keys.len());
         let mut then = Vec::with_capacity(keys.len());
-        let mut otherwise = Vec::with_capacity(3 * keys.len());
+        let mut otherwise = Vec::with_capacity(keys.len());
         for k in &keys {
-            when.push(Compare::create_revision(k.lock(), CompareOp::Equal, 0));
-            when.push(kinds::none_in(k.range(Tag::Permit, Tag::Reader)));
+            when.push(kinds::none_in(k.claim_range()));
             let options = PutOptions::new().with_lease(lease);
             then.push(TxnOp::put(k.lock(), token.as_str(), Some(options)));
-            if marked {
-                then.push(TxnOp::delete(k.entry(Tag::Writer, token), None));
-            }
-            otherwise.push(TxnOp::get(k.lock(), None));
-            otherwise.push(kinds::first_in(k.range(Tag::Permit, Tag::Reader)));
-            if ask.queue {
-                otherwise.push(kinds::writer_mark(k, token, lease));
-            }
+            otherwise.push(kinds::first_in(k.claim_range()));
         }
         let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
         let resp = self.txn("acquire", txn).await?;
         if resp.succeeded() {
             return Ok(Answer::Granted(resp.header().map_or(0, |h| h.revision())));
         }
-        let mut found = Vec::with_capacity(keys.len());
-        let mut firsts = Vec::with_capacity(keys.len());
-        let mut marks = false;
-        for op in resp.op_responses() {
-            match op {
-                TxnOpResponse::Get(get) if found.len() == firsts.len() => {
-                    found.push(get.kvs().first().cloned());
-                }
-                TxnOpResponse::Get(get) => firsts.push(get.kvs().first().cloned()),
-                TxnOpResponse::Txn(mark) => marks |= mark.succeeded(),
-                _ => {}
-            }
-        }
-        let revision = resp.header().map_or(1, |h| h.revision());
-        if found.len() != keys.len() || firsts.len() != keys.len() {
+        let found: Vec<Option<KeyValue>> = kvs(&resp);
+        if found.len() != keys.len() {
             return Err(NodeFailure::response(
                 &self.addr,
                 "acquire: etcd answered with other reads than asked",
             ));
         }
         let mut seen = Vec::with_capacity(keys.len());
-        for (index, (lock, first)) in found.iter().zip(&firsts).enumerate() {
-            let s = lock.as_ref().map_or(Seen::Absent, |kv| seen_kv(kv, token));
+        for (index, (k, first)) in keys.iter().zip(&found).enumerate() {
+            let s = match first {
+                Some(kv) if kv.key() == k.lock() => seen_kv(kv, token),
+                _ => Seen::Absent,
+            };
             let refusal = match s {
                 Seen::Theirs => Some(Refusal::Held),
                 Seen::Ours { .. } => None,
@@ -597,20 +579,9 @@ impl Inner {
             };
             match refusal {
                 Some(Refusal::Held) => {
-                    let attempt = Attempt::Held {
-                        index,
-                        pttl: None,
-                        // A waiting writer's marks are taken away by a release if it gives up.
-                        ticket: marks.then(|| u64::try_from(revision).unwrap_or(1).max(1)),
-                    };
-                    return Ok(if marks {
-                        Answer::Waiting {
-                            attempt,
-                            marked: true,
-                        }
-                    } else {
-                        Answer::Refused(attempt)
-                    });
+                    return self
+                        .writer_waits(k, token, ask, lease, index, first.as_ref())
+                        .await;
                 }
                 Some(Refusal::Mismatch(attempt)) => return Ok(Answer::Refused(attempt)),
                 None => seen.push(s),
@@ -635,6 +606,46 @@ impl Inner {
                 ticket: None,
             })),
         }
+    }
+
+    /// An exclusive caller refused at key `index` of its lock (`k`, whose first entry or holder is
+    /// `first`). One that waits and was refused by readers marks itself as a waiting writer
+    /// there (one more request, on the waiting path only): while the mark lives no new reader
+    /// gets in. The marks stay under the lease until the release (which revokes it), so a writer
+    /// that marked a key keeps its lease while it waits.
+    async fn writer_waits(
+        &self,
+        k: &Keys,
+        token: &Token,
+        ask: Ask,
+        lease: i64,
+        index: usize,
+        first: Option<&KeyValue>,
+    ) -> Result<Answer, NodeFailure> {
+        let readers = first.is_some_and(|kv| k.part(kv.key()) == Part::Entry(Tag::Reader));
+        let mut marked = self.grants().get(token).is_some_and(|g| g.marked);
+        let mut revision = 0;
+        if ask.queue && readers {
+            let resp = self
+                .txn("writer mark", kinds::writer_mark(k, token, lease))
+                .await?;
+            marked |= resp.succeeded();
+            revision = resp.header().map_or(0, |h| h.revision());
+        }
+        let attempt = Attempt::Held {
+            index,
+            pttl: None,
+            // A release takes a waiting writer's marks away when it gives up.
+            ticket: marked.then(|| u64::try_from(revision).unwrap_or(1).max(1)),
+        };
+        Ok(if marked {
+            Answer::Waiting {
+                attempt,
+                marked: true,
+            }
+        } else {
+            Answer::Refused(attempt)
+        })
     }
 
     /// A fair, shared or permit lock: one transaction (see `kinds::attempt`), and for a
@@ -823,8 +834,11 @@ impl Inner {
             }
         };
         if resp.succeeded() {
-            if let Some(grant) = grant {
-                self.revoke_later(grant.lease);
+            match grant {
+                // Readers wait for the marks to go: before the release answers.
+                Some(grant) if grant.marked => self.revoke(grant.lease).await?,
+                Some(grant) => self.revoke_later(grant.lease),
+                None => {}
             }
             return Ok(true);
         }

@@ -84,15 +84,17 @@ pub(super) enum Part {
 }
 
 impl Keys {
-    /// `prefix + name`, with each NUL byte doubled: an entry's separator is a single NUL followed
-    /// by a tag, so no other lock's key (nor its entries) is an entry of this one, or falls in
-    /// the ranges compared here. Names without NUL keep their plain key.
+    /// `prefix + name`, with each NUL byte followed by 0x7f: an entry's separator is a NUL
+    /// followed by a tag, so no other lock's key (nor its entries) is an entry of this one, and
+    /// the keys of the locks whose names extend this one past a NUL sort after every entry of
+    /// this one (0x7f is above every tag), outside the ranges compared here. Names without NUL
+    /// keep their plain key.
     pub(super) fn new(prefix: &str, name: &str) -> Self {
         let mut lock = Vec::with_capacity(prefix.len() + name.len());
         for &b in prefix.as_bytes().iter().chain(name.as_bytes()) {
             lock.push(b);
             if b == 0 {
-                lock.push(0);
+                lock.push(0x7f);
             }
         }
         Keys { lock }
@@ -121,6 +123,12 @@ impl Keys {
             self.with(&[0, first.byte(), 0]),
             self.with(&[0, last.byte(), 1]),
         )
+    }
+
+    /// `K` and the entries that keep an exclusive caller out (in key order: `K` first, then
+    /// semaphore, fair and reader entries).
+    pub(super) fn claim_range(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.lock.clone(), self.with(&[0, Tag::Reader.byte(), 1]))
     }
 
     /// `K` and every entry under it.
@@ -178,21 +186,18 @@ fn put(key: Vec<u8>, mode: Mode, lease: i64) -> TxnOp {
     TxnOp::put(key, value(mode), Some(PutOptions::new().with_lease(lease)))
 }
 
-/// For an exclusive caller that waits: marks it as a waiting writer on `keys` when readers hold
-/// it (no new reader gets in while the mark lives), else takes an earlier mark away. Runs in the
-/// `else` of the exclusive acquire, so it costs no round trip.
-pub(super) fn writer_mark(keys: &Keys, token: &Token, lease: i64) -> TxnOp {
+/// For an exclusive caller that waits: marks it as a waiting writer on `keys` if readers still
+/// hold it (no new reader gets in while the mark lives). Succeeds when it did.
+pub(super) fn writer_mark(keys: &Keys, token: &Token, lease: i64) -> Txn {
     let mark = keys.entry(Tag::Writer, token);
-    TxnOp::txn(
-        Txn::new()
-            .when([some_in(keys.range(Tag::Reader, Tag::Reader))])
-            .and_then([put(mark.clone(), Mode::Exclusive, lease)])
-            .or_else([TxnOp::delete(mark, None)]),
-    )
+    Txn::new()
+        .when([some_in(keys.range(Tag::Reader, Tag::Reader))])
+        .and_then([put(mark, Mode::Exclusive, lease)])
 }
 
-/// What an exclusive caller finds in the entries of a key it did not get: `Some` when they
-/// refuse it (readers or a fair queue: held; a semaphore: a mismatch).
+/// What an exclusive caller finds first in [`Keys::claim_range`] of a key that it did not get
+/// and whose `K` is absent: `Some` when it refuses it (readers or a fair line: held; a
+/// semaphore: a mismatch).
 pub(super) fn exclusive_refusal(first: Option<&KeyValue>, key: &str) -> Option<Refusal> {
     let first = first?;
     if first.value().starts_with(b"permits=") {
@@ -469,10 +474,11 @@ mod tests {
         let (first, last) = keys.range(Tag::Permit, Tag::Writer);
         assert!(start <= first && last <= end);
         assert!(!(first.as_slice() <= tricky.lock() && tricky.lock() < last.as_slice()));
-        // Other names never share a lock key or an entry.
-        assert_ne!(
-            Keys::new("lock:", "a\0").lock(),
-            Keys::new("lock:", "a").with(&[0])
-        );
+        // A name that extends this one past a NUL sorts after every entry of this one.
+        let longer = Keys::new("lock:", "a\0p");
+        assert!(longer.lock() > writer.as_slice());
+        assert_eq!(keys.part(longer.lock()), Part::Other);
+        let (_, claim_end) = keys.claim_range();
+        assert!(longer.lock() >= claim_end.as_slice());
     }
 }
