@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{ENV_ETCD_ENDPOINTS, FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::{
     EtcdCluster, FaultProxy, RedisServer, Worker, bounded, etcd_key, finish_all, history,
-    unique_key, wait_until,
+    unique_key, until_queued, wait_until,
 };
 
 fn client(endpoints: Vec<String>) -> LockClient {
@@ -233,23 +233,6 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
     let other = client(cluster.endpoints());
     let key = unique_key("etcd:fair-cut");
     let ttl = Duration::from_secs(2);
-    let queued = |n: usize| {
-        let (other, key) = (other.clone(), key.clone());
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                let info = other.inspect(&key).await.unwrap();
-                if info.is_some_and(|i| i.queued == n) {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{n} waiters never queued on {key}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
     let holder = other.lock(&key).fair(true).acquire().await.unwrap();
     let doomed = {
         let (cut, key) = (cut.clone(), key.clone());
@@ -263,7 +246,7 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
                 .await
         })
     };
-    queued(1).await;
+    until_queued(&other, &key, 1).await;
     let behind = {
         let (other, key) = (other.clone(), key.clone());
         tokio::spawn(async move {
@@ -272,7 +255,7 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
             (Instant::now(), guard)
         })
     };
-    queued(2).await;
+    until_queued(&other, &key, 2).await;
     proxy.set_blackhole(true);
     let cut_at = Instant::now();
     holder.release().await.unwrap();
