@@ -173,11 +173,15 @@ impl Fx {
         if let Some(cluster) = self.etcd_cluster() {
             // etcd counts watchers per member, not per key: on a shared member another test's
             // watcher can satisfy this early; the waiter then still retries right after its own
-            // watch is confirmed, so a release is never missed, only less strictly timed.
-            let before = cluster.watchers();
+            // watch is confirmed, so a release is never missed, only less strictly timed. A
+            // watcher that was ending (an earlier waiter's, which etcd drops a moment after its
+            // stream closed) would hide the new one: count from the fewest seen.
+            let mut fewest = cluster.watchers();
             let waiting = tokio::spawn(waiter);
             wait_until_async(Duration::from_secs(5), "the waiter watches the key", || {
-                cluster.watchers() > before
+                let now = cluster.watchers();
+                fewest = fewest.min(now);
+                now > fewest
             })
             .await;
             return waiting;
