@@ -298,7 +298,8 @@ pub(crate) async fn acquire(
             }) => {
                 // `unsure` stays set: after a reconnect, an earlier attempt may still land
                 // behind this answer. A release by token is harmless if it never did.
-                // A fair waiter with a ticket is in the queue: leaving it takes a release too
+                // A waiter with a ticket has a place on the server (in a fair queue; on etcd
+                // also a semaphore's line or a writer's marks): leaving it takes a release too
                 // (which also passes on a lock handed to it meanwhile).
                 unsure |= ticket.is_some();
                 if ticket.is_some() {

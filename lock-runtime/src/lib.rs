@@ -45,9 +45,9 @@
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
-//! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; not on Redlock or etcd | `false` |
-//! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key; not on etcd | `false` |
-//! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) or etcd | none |
+//! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; not on Redlock | `false` |
+//! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
+//! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) | none |
 //! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |
 //! | `crate` | no | path of this crate when it is re-exported, e.g. `crate = "my_lib::locks"` | `::lock_runtime` |
 //!
@@ -324,6 +324,11 @@
 //!   process's monotonic clock, never the longer rounded-up lease) passes. Waiting is a watch on
 //!   the key's deletion, bounded by `wait`. Release deletes the keys only if they still hold this
 //!   acquisition's token and create revision, then revokes the lease.
+//! - Fair, shared and permit locks: each caller has an entry under the lock key, bound to its
+//!   lease. A fair lock's line and a semaphore's line are ordered by create revision (the first,
+//!   or the first N, hold it; so a semaphore's waiters are served in arrival order too), readers
+//!   have one entry each, and a writer waiting for readers leaves a mark that keeps new readers
+//!   out. The fencing token of each grant is its entry's create revision.
 //! - `Contended` means a linearizable read saw another holder. No quorum, unreachable members or
 //!   a member without a leader are `Unavailable`, with every endpoint's cause: the client tries
 //!   the members in turn, within one connect plus one response timeout.

@@ -1,7 +1,7 @@
 //! etcd on three members: processes contending (history-checked, 1,000 grants), and the faults a
 //! consensus backend is for: the leader killed while a lock is held, a holder process killed, the
-//! client partitioned from the cluster, two of three members down; and authentication. The
-//! behaviour suite on one member is `etcd_behaviour.rs`.
+//! client partitioned from the cluster, two of three members down, a fair waiter cut off; and
+//! authentication. The behaviour suite on one member is `etcd_behaviour.rs`.
 //!
 //! The non-destructive tests share one cluster per binary (distinct keys); a test that kills
 //! members starts a cluster of its own.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{ENV_ETCD_ENDPOINTS, FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::{
     EtcdCluster, FaultProxy, RedisServer, Worker, bounded, etcd_key, finish_all, history,
-    unique_key, wait_until,
+    unique_key, until_queued, wait_until,
 };
 
 fn client(endpoints: Vec<String>) -> LockClient {
@@ -220,6 +220,60 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
     proxy.set_blackhole(false);
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     taken.release().await.unwrap();
+}
+
+/// A fair waiter cut off from the cluster (to etcd, a crashed process) while it is the next in
+/// line: it blocks the line only until its entry's lease runs out (its ttl after its last
+/// attempt); the waiter behind it, woken by that entry's deletion, then gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
+    let cluster = EtcdCluster::shared(3);
+    let proxy = FaultProxy::start(cluster.client_port(0));
+    let cut = client(vec![proxy.http_url()]);
+    let other = client(cluster.endpoints());
+    let key = unique_key("etcd:fair-cut");
+    let ttl = Duration::from_secs(2);
+    let holder = other.lock(&key).fair(true).acquire().await.unwrap();
+    let doomed = {
+        let (cut, key) = (cut.clone(), key.clone());
+        tokio::spawn(async move {
+            let wait = Duration::from_secs(30);
+            cut.lock(&key)
+                .fair(true)
+                .ttl(ttl)
+                .wait(wait)
+                .acquire()
+                .await
+        })
+    };
+    until_queued(&other, &key, 1).await;
+    let behind = {
+        let (other, key) = (other.clone(), key.clone());
+        tokio::spawn(async move {
+            let wait = Duration::from_secs(20);
+            let guard = other.lock(&key).fair(true).wait(wait).acquire().await;
+            (Instant::now(), guard)
+        })
+    };
+    until_queued(&other, &key, 2).await;
+    proxy.set_blackhole(true);
+    let cut_at = Instant::now();
+    holder.release().await.unwrap();
+    let (got_at, guard) = bounded(ttl * 3, "the waiter behind", behind).await.unwrap();
+    let guard = guard.unwrap();
+    let waited = got_at - cut_at;
+    eprintln!("the waiter behind got the lock {waited:?} after the one before it was cut off");
+    // The cut-off entry was renewed at most ttl/3 before the cut (each attempt renews it), and
+    // goes at its lease's end plus etcd's 500ms expiry sweep.
+    assert!(
+        waited >= ttl / 2,
+        "served before the entry ahead ran out: {waited:?}"
+    );
+    assert!(waited < ttl + Duration::from_millis(1500), "{waited:?}");
+    doomed.abort();
+    assert!(doomed.await.is_err());
+    guard.release().await.unwrap();
+    proxy.set_blackhole(false);
 }
 
 /// Two of three members down: no quorum, so acquires are `Unavailable` (never `Contended`),

@@ -1,4 +1,4 @@
-//! The behaviour suite on etcd: on one member, and on a cluster of three (writes committed by a
+//! The behaviour suite and the lock kinds' checks on etcd: on one member, and on a cluster of three (writes committed by a
 //! majority, the client on one member that may be a follower). Each cluster is shared by the
 //! tests of this binary (distinct keys); each fixture talks to member 0 through a proxy of its own.
 
@@ -16,10 +16,12 @@ fn fixture(members: usize) -> behaviour::Fx {
 }
 
 behaviour_tests!(fixture(1));
+kind_tests!(fixture(1));
 
 mod three_members {
     use super::{behaviour, fixture};
-    use crate::behaviour_tests;
+    use crate::{behaviour_tests, kind_tests};
 
     behaviour_tests!(fixture(3));
+    kind_tests!(fixture(3));
 }

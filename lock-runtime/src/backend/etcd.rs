@@ -1,17 +1,49 @@
 //! etcd v3 (feature `etcd`): one [`Node`] for the whole cluster. etcd replicates every write
 //! through raft, so the cluster is one linearizable node to us, not a quorum to count.
 //!
-//! Layout and protocol, per lock (its keys `prefix + name`):
-//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, reused by the
-//!   retries of the same token), then one transaction over every key: if each key's
-//!   `create_revision` is 0 (absent), put `token` under the lease on each; else read them (a key
-//!   holding our token means an earlier attempt of ours landed: "ours"). The fencing token is the
-//!   create revision, which grows across the cluster and across leader changes;
-//! - renewal: a lease keepalive, then a read of the keys (deleted by hand, or by `force_release`:
-//!   not ours any more);
-//! - release: delete the keys if each still holds our token (one transaction), then revoke the
-//!   lease (which also deletes whatever of ours a partial loss left);
-//! - waiting: a watch on the key's deletions wakes this client's waiters.
+//! Layout, per lock: its key `K = prefix + name` (each NUL byte of it followed by 0x7f, so that
+//! nothing below is ever another lock's key, nor falls in a range compared), which holds the token of an exclusive holder; and entries
+//! `K \0 tag \0 token` for the other kinds, each holding what it is, so that callers that use the
+//! key another way find out (a `Mismatch`, worded as for Redis):
+//! - `q`, value `fair`: a fair lock's line. The entry with the lowest create revision holds the
+//!   lock (while `K` is absent); the others wait in that order;
+//! - `r`, value `shared-r`: a reader (shared holder);
+//! - `w`, value `shared-w`: an exclusive caller (a writer) waiting for readers: no new reader
+//!   gets in while one lives;
+//! - `p`, value `permits=N`: a semaphore's line: the N entries with the lowest create revisions
+//!   hold a permit each, the others wait in that order.
+//!
+//! Every key and entry of an acquisition lives under its lease, so a crashed caller's vanish
+//! within its ttl. The fencing token is the create revision of `K` or of the holder's entry: it
+//! grows across the cluster and across leader changes, and every grant has its own.
+//!
+//! Protocol:
+//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, kept alive by
+//!   each retry of the same token: that renews a waiter's entries too), then one transaction.
+//!   Exclusive, over every key: if no key exists from `K` up to its `r` entries (one range
+//!   compare per key: `K` is absent and no `p`, `q` or `r` entry is under it), put `token` under
+//!   the lease on each; else read the first key of each range (a `K` holding our token means an
+//!   earlier attempt of ours landed: "ours"). A caller that waits and was refused by readers then
+//!   puts its `w` entry there (one more request, on the waiting path only). A reader: when no `p` or `q` entry exists (else a mismatch), put
+//!   its `r` entry if `K` is absent and no `w` entry exists; granted if its entry exists. Fair:
+//!   when no `p` or `r` entry exists, put its `q` entry (a caller that does not wait only when
+//!   nobody is in line and `K` is absent), then read `K` and the first in line. Permits: when `K`
+//!   is absent and no `q` or `r` entry exists, put its `p` entry if every `p` entry there says the
+//!   same N, then read the first N; a caller that does not wait withdraws an entry that got no
+//!   permit (one more request);
+//! - renewal: a lease keepalive, then a read of the keys (or of the entry) that prove the hold
+//!   (deleted by hand, or by `force_release`: not ours any more);
+//! - release: delete the keys if each still holds our token (one transaction), or our entry,
+//!   then revoke the lease (which also deletes whatever of ours a partial loss left, and a
+//!   writer's marks: then before the release answers). A waiter that gives up releases too: its place in line or its marks go at
+//!   once (`Attempt::Held` carries a ticket for those, which makes the caller release);
+//! - waiting: one watch per waiter over `K` and every entry under it, for deletions; the first of
+//!   a client's watches of a name to see a deletion wakes that client's waiters. When only fair
+//!   entries left, only the new first in line is woken (its ticket is its entry's create
+//!   revision), with the waiters that have no ticket;
+//! - inspect and `force_release` read `K` and the entries; a forced release deletes what holds
+//!   the lock (`K`, every reader, the first N entries, the first in line) and leaves the waiters
+//!   in place.
 //!
 //! The client talks to one member at a time (the last that answered) and moves on to the next
 //! when one refuses, breaks, or has no leader (requests carry etcd's require-leader flag, so a
@@ -25,12 +57,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use futures_util::future::join_all;
 use tokio::sync::OnceCell;
 
+mod kinds;
+
+use self::kinds::{Keys, Part, Refusal, Tag};
 use super::{
     Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
 };
@@ -162,7 +197,17 @@ struct Inner {
     preferred: AtomicUsize,
     /// Each live acquisition's lease, by token.
     grants: Mutex<HashMap<Token, Grant>>,
+    /// The names this client watches.
+    watched: Mutex<HashMap<String, Watched>>,
     wakers: Arc<WakeRegistry>,
+}
+
+/// A name this client watches: each of its waiters has a watch of its own, and the first watch
+/// to see a deletion wakes them all.
+struct Watched {
+    refs: usize,
+    /// The revision of the last deletions that woke the waiters.
+    woken: i64,
 }
 
 struct Member {
@@ -174,8 +219,23 @@ struct Member {
 #[derive(Debug, Clone, Copy)]
 struct Grant {
     lease: i64,
-    /// The keys' create revision once granted: the release deletes only that incarnation.
+    /// The keys' (or the entry's) create revision once granted: the release deletes only that
+    /// incarnation.
     revision: Option<i64>,
+    /// A waiting writer's marks are on some keys (under the lease): the release revokes the
+    /// lease at once.
+    marked: bool,
+}
+
+/// What one acquire transaction came to, before the lease is kept or dropped.
+enum Answer {
+    /// Ours, with the create revision of the key (or of our entry): the fencing token.
+    Granted(i64),
+    /// Refused, with entries of ours left waiting under the lease (a place in line, a writer's
+    /// marks).
+    Waiting { attempt: Attempt, marked: bool },
+    /// Refused, leaving nothing behind: the lease goes.
+    Refused(Attempt),
 }
 
 impl fmt::Debug for EtcdNode {
@@ -219,6 +279,7 @@ impl EtcdNode {
                 response_timeout: settings.response_timeout,
                 preferred: AtomicUsize::new(0),
                 grants: Mutex::new(HashMap::new()),
+                watched: Mutex::new(HashMap::new()),
                 wakers,
             }),
         }
@@ -228,12 +289,20 @@ impl EtcdNode {
 type Op<T> = dyn Fn(Client) -> BoxFuture<'static, Result<T, etcd_client::Error>> + Send + Sync;
 
 impl Inner {
+    fn keys(&self, name: &str) -> Keys {
+        Keys::new(&self.prefix, name)
+    }
+
     fn key(&self, name: &str) -> Vec<u8> {
-        format!("{}{name}", self.prefix).into_bytes()
+        self.keys(name).lock().to_vec()
     }
 
     fn grants(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Grant>> {
         self.grants.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The client of member `i`, made on first use (no I/O but authentication).
@@ -380,67 +449,53 @@ impl Inner {
             .collect()
     }
 
+    /// The lease of `token`'s acquisition: a retry after an unknown outcome, or a waiter's next
+    /// attempt, keeps the one it has alive (the lease must count its TTL from this attempt, as
+    /// the grant's validity does, and it carries the waiter's entries); gone, a new one it is.
+    async fn lease_for(self: &Arc<Self>, token: &Token, ttl: Duration) -> Result<i64, NodeFailure> {
+        let secs = lease_secs(ttl);
+        let known = self.grants().get(token).copied();
+        if let Some(grant) = known {
+            if self.keep_alive(grant.lease).await? {
+                return Ok(grant.lease);
+            }
+            self.grants().remove(token);
+        }
+        let op = move |mut client: Client| -> BoxFuture<'static, _> {
+            Box::pin(async move { client.lease_grant(secs, None).await })
+        };
+        let granted = self.call("lease grant", &op).await?;
+        if granted.ttl() < secs {
+            self.revoke_later(granted.id());
+            return Err(NodeFailure::response(
+                &self.addr,
+                "etcd granted a lease shorter than the lock's ttl",
+            ));
+        }
+        self.grants().insert(
+            token.clone(),
+            Grant {
+                lease: granted.id(),
+                revision: None,
+                marked: false,
+            },
+        );
+        Ok(granted.id())
+    }
+
     async fn acquire(
         self: &Arc<Self>,
         names: &[Arc<str>],
         token: &Token,
-        ttl: Duration,
-        fencing: bool,
+        ask: Ask,
     ) -> Result<Attempt, NodeFailure> {
-        let secs = lease_secs(ttl);
-        let known = self.grants().get(token).copied();
-        let mut reused = None;
-        if let Some(grant) = known {
-            // A retry after an unknown outcome: the lease must count its TTL from this attempt
-            // (the grant's validity does), so it is kept alive first; gone, a new one it is.
-            if self.keep_alive(grant.lease).await? {
-                reused = Some(grant.lease);
-            } else {
-                self.grants().remove(token);
-            }
-        }
-        let lease = match reused {
-            Some(lease) => lease,
-            None => {
-                let op = move |mut client: Client| -> BoxFuture<'static, _> {
-                    Box::pin(async move { client.lease_grant(secs, None).await })
-                };
-                let granted = self.call("lease grant", &op).await?;
-                if granted.ttl() < secs {
-                    self.revoke_later(granted.id());
-                    return Err(NodeFailure::response(
-                        &self.addr,
-                        "etcd granted a lease shorter than the lock's ttl",
-                    ));
-                }
-                self.grants().insert(
-                    token.clone(),
-                    Grant {
-                        lease: granted.id(),
-                        revision: None,
-                    },
-                );
-                granted.id()
-            }
+        let lease = self.lease_for(token, ask.ttl).await?;
+        let answer = match ask.mode {
+            Mode::Exclusive => self.acquire_exclusive(names, token, ask, lease).await,
+            _ => self.acquire_kind(&names[0], token, ask, lease).await,
         };
-        let keys: Vec<Vec<u8>> = names.iter().map(|n| self.key(n)).collect();
-        let txn = Txn::new()
-            .when(
-                keys.iter()
-                    .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
-                    .collect::<Vec<_>>(),
-            )
-            .and_then(
-                keys.iter()
-                    .map(|k| {
-                        let lease = PutOptions::new().with_lease(lease);
-                        TxnOp::put(k.clone(), token.as_str(), Some(lease))
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .or_else(gets(&keys));
-        let resp = match self.txn("acquire", txn).await {
-            Ok(resp) => resp,
+        let answer = match answer {
+            Ok(answer) => answer,
             Err(failure) => {
                 if !failure.kind.may_have_applied() {
                     // Nothing landed: the lease is of no use to anyone.
@@ -449,49 +504,188 @@ impl Inner {
                 return Err(failure);
             }
         };
-        let revision = if resp.succeeded() {
-            resp.header().map_or(0, |h| h.revision())
-        } else {
-            let seen = Self::seen(&resp, token);
-            if let Some(index) = seen.iter().position(|s| matches!(s, Seen::Theirs)) {
-                self.forget(token);
-                return Ok(Attempt::Held {
-                    index,
-                    pttl: None,
-                    ticket: None,
-                });
+        match answer {
+            Answer::Granted(revision) => {
+                if let Some(grant) = self.grants().get_mut(token) {
+                    grant.revision = Some(revision);
+                }
+                let fence = u64::try_from(revision).unwrap_or(0);
+                let fences = if ask.fencing {
+                    vec![fence; names.len()]
+                } else {
+                    Vec::new()
+                };
+                Ok(Attempt::Acquired { fences })
             }
-            match seen.iter().position(|s| matches!(s, Seen::Absent)) {
-                None => seen
-                    .iter()
+            Answer::Waiting { attempt, marked } => {
+                // Our entries wait on the server under the lease: keep it (the next attempt
+                // renews it, a release or its TTL ends it).
+                if let Some(grant) = self.grants().get_mut(token) {
+                    grant.marked |= marked;
+                }
+                Ok(attempt)
+            }
+            Answer::Refused(attempt) => {
+                self.forget(token);
+                Ok(attempt)
+            }
+        }
+    }
+
+    /// One transaction over every key: if no key exists from each `K` up to its `p`, `q` and
+    /// `r` entries (one range compare: the key is absent and no reader, fair line or semaphore
+    /// is on it), put `token` under the lease on each; else read the first key of each range
+    /// (`K` itself when it exists, else the entry that refuses us).
+    async fn acquire_exclusive(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        ask: Ask,
+        lease: i64,
+    ) -> Result<Answer, NodeFailure> {
+        let keys: Vec<Keys> = names.iter().map(|n| self.keys(n)).collect();
+        // One compare, one put and one read per key: as many keys as a transaction takes.
+        let mut when = Vec::with_capacity(keys.len());
+        let mut then = Vec::with_capacity(keys.len());
+        let mut otherwise = Vec::with_capacity(keys.len());
+        for k in &keys {
+            when.push(kinds::none_in(k.claim_range()));
+            let options = PutOptions::new().with_lease(lease);
+            then.push(TxnOp::put(k.lock(), token.as_str(), Some(options)));
+            otherwise.push(kinds::first_in(k.claim_range()));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
+        let resp = self.txn("acquire", txn).await?;
+        if resp.succeeded() {
+            return Ok(Answer::Granted(resp.header().map_or(0, |h| h.revision())));
+        }
+        let found: Vec<Option<KeyValue>> = kvs(&resp);
+        if found.len() != keys.len() {
+            return Err(NodeFailure::response(
+                &self.addr,
+                "acquire: etcd answered with other reads than asked",
+            ));
+        }
+        let mut seen = Vec::with_capacity(keys.len());
+        for (index, (k, first)) in keys.iter().zip(&found).enumerate() {
+            let s = match first {
+                Some(kv) if kv.key() == k.lock() => seen_kv(kv, token),
+                _ => Seen::Absent,
+            };
+            let refusal = match s {
+                Seen::Theirs => Some(Refusal::Held),
+                Seen::Ours { .. } => None,
+                Seen::Absent => kinds::exclusive_refusal(first.as_ref(), &names[index]),
+            };
+            match refusal {
+                Some(Refusal::Held) => {
+                    return self
+                        .writer_waits(k, token, ask, lease, index, first.as_ref())
+                        .await;
+                }
+                Some(Refusal::Mismatch(attempt)) => return Ok(Answer::Refused(attempt)),
+                None => seen.push(s),
+            }
+        }
+        match seen.iter().position(|s| matches!(s, Seen::Absent)) {
+            // An earlier attempt of ours landed: every key holds our token.
+            None => Ok(Answer::Granted(
+                seen.iter()
                     .map(|s| match s {
                         Seen::Ours { revision, .. } => *revision,
                         _ => 0,
                     })
                     .max()
                     .unwrap_or(0),
-                Some(index) => {
-                    // Part of an earlier grant of ours is gone (deleted by hand): give the rest
-                    // back and try again at once with a fresh lease.
-                    self.forget(token);
-                    return Ok(Attempt::Held {
-                        index,
-                        pttl: Some(Duration::ZERO),
-                        ticket: None,
-                    });
-                }
-            }
-        };
-        if let Some(grant) = self.grants().get_mut(token) {
-            grant.revision = Some(revision);
+            )),
+            // Part of an earlier grant of ours is gone (deleted by hand): give the rest back and
+            // try again at once with a fresh lease.
+            Some(index) => Ok(Answer::Refused(Attempt::Held {
+                index,
+                pttl: Some(Duration::ZERO),
+                ticket: None,
+            })),
         }
-        let fence = u64::try_from(revision).unwrap_or(0);
-        let fences = if fencing {
-            vec![fence; names.len()]
-        } else {
-            Vec::new()
+    }
+
+    /// An exclusive caller refused at key `index` of its lock (`k`, whose first entry or holder is
+    /// `first`). One that waits and was refused by readers marks itself as a waiting writer
+    /// there (one more request, on the waiting path only): while the mark lives no new reader
+    /// gets in. The marks stay under the lease until the release (which revokes it), so a writer
+    /// that marked a key keeps its lease while it waits.
+    async fn writer_waits(
+        &self,
+        k: &Keys,
+        token: &Token,
+        ask: Ask,
+        lease: i64,
+        index: usize,
+        first: Option<&KeyValue>,
+    ) -> Result<Answer, NodeFailure> {
+        let readers = first.is_some_and(|kv| k.part(kv.key()) == Part::Entry(Tag::Reader));
+        let mut marked = self.grants().get(token).is_some_and(|g| g.marked);
+        let mut revision = 0;
+        if ask.queue && readers {
+            let resp = self
+                .txn("writer mark", kinds::writer_mark(k, token, lease))
+                .await?;
+            marked |= resp.succeeded();
+            revision = resp.header().map_or(0, |h| h.revision());
+        }
+        let attempt = Attempt::Held {
+            index,
+            pttl: None,
+            // A release takes a waiting writer's marks away when it gives up.
+            ticket: marked.then(|| u64::try_from(revision).unwrap_or(1).max(1)),
         };
-        Ok(Attempt::Acquired { fences })
+        Ok(if marked {
+            Answer::Waiting {
+                attempt,
+                marked: true,
+            }
+        } else {
+            Answer::Refused(attempt)
+        })
+    }
+
+    /// A fair, shared or permit lock: one transaction (see `kinds::attempt`), and for a
+    /// semaphore caller that does not wait and found no permit, one more to withdraw its entry.
+    async fn acquire_kind(
+        &self,
+        name: &str,
+        token: &Token,
+        ask: Ask,
+        lease: i64,
+    ) -> Result<Answer, NodeFailure> {
+        let keys = self.keys(name);
+        let txn = kinds::attempt(&keys, token, ask.mode, ask.queue, lease);
+        let resp = self.txn("acquire", txn).await?;
+        let outcome = kinds::outcome(name, token, &keys, ask.mode, ask.queue, &resp)
+            .map_err(|why| NodeFailure::response(&self.addr, &format!("acquire: {why}")))?;
+        let held = |ticket: Option<i64>| Attempt::Held {
+            index: 0,
+            pttl: None,
+            ticket: ticket.map(|t| u64::try_from(t).unwrap_or(1).max(1)),
+        };
+        Ok(match outcome {
+            kinds::Outcome::Granted(revision) => Answer::Granted(revision),
+            kinds::Outcome::Refused {
+                waiting: Some(revision),
+            } => Answer::Waiting {
+                attempt: held(Some(revision)),
+                marked: false,
+            },
+            kinds::Outcome::Refused { waiting: None } => Answer::Refused(held(None)),
+            kinds::Outcome::Withdraw => {
+                let Some(tag) = Tag::of(ask.mode) else {
+                    return Ok(Answer::Refused(held(None)));
+                };
+                let withdraw = Txn::new().and_then([TxnOp::delete(keys.entry(tag, token), None)]);
+                self.txn("withdraw", withdraw).await?;
+                Answer::Refused(held(None))
+            }
+            kinds::Outcome::Mismatch(attempt) => Answer::Refused(attempt),
+        })
     }
 
     /// Drops `token`'s lease (revoked in the background, which deletes any key still on it).
@@ -514,6 +708,16 @@ impl Inner {
             })
         };
         self.call("lease keepalive", &op).await
+    }
+
+    /// The key that says `item` still holds key `k` of its lock: the lock key, or the entry of
+    /// a fair, shared or permit lock.
+    fn held_key(&self, item: &ExtendItem<'_>, k: usize) -> Vec<u8> {
+        let keys = self.keys(&item.names[k]);
+        match Tag::of(item.mode) {
+            Some(tag) => keys.entry(tag, item.token),
+            None => keys.lock().to_vec(),
+        }
     }
 
     /// Renews `items`: one keepalive per lease, all at once, then one read of every key whose
@@ -549,7 +753,7 @@ impl Inner {
         let reads = join_all(pending.chunks(MAX_TXN_OPS).map(|chunk| {
             let keys: Vec<Vec<u8>> = chunk
                 .iter()
-                .map(|&(i, k)| self.key(&items[i].names[k]))
+                .map(|&(i, k)| self.held_key(&items[i], k))
                 .collect();
             self.txn("renewal check", Txn::new().and_then(gets(&keys)))
         }))
@@ -575,13 +779,12 @@ impl Inner {
             };
             for (&(i, k), kv) in chunk.iter().zip(found) {
                 let ours = grants[i].is_some_and(|grant| {
-                    kv.as_ref()
-                        .is_some_and(|kv| match seen_kv(kv, items[i].token) {
-                            Seen::Ours { revision, lease } => {
-                                lease == grant.lease && grant.revision.is_none_or(|r| r == revision)
-                            }
-                            _ => false,
-                        })
+                    kv.as_ref().is_some_and(|kv| match held_kv(kv, &items[i]) {
+                        Seen::Ours { revision, lease } => {
+                            lease == grant.lease && grant.revision.is_none_or(|r| r == revision)
+                        }
+                        _ => false,
+                    })
                 });
                 // "Not ours" is definite: it wins over a failed read of another chunk.
                 if !ours && !matches!(outcomes[i], Some(ExtendOutcome::NotOwned { .. })) {
@@ -631,8 +834,11 @@ impl Inner {
             }
         };
         if resp.succeeded() {
-            if let Some(grant) = grant {
-                self.revoke_later(grant.lease);
+            match grant {
+                // Readers wait for the marks to go: before the release answers.
+                Some(grant) if grant.marked => self.revoke(grant.lease).await?,
+                Some(grant) => self.revoke_later(grant.lease),
+                None => {}
             }
             return Ok(true);
         }
@@ -651,24 +857,64 @@ impl Inner {
         Ok(false)
     }
 
-    /// Wakes this client's waiters of `name` on each deletion of its key, for as long as the
-    /// task runs (the subscription aborts it). `confirmed` learns whether the first watch was
-    /// set up; a broken watch wakes the waiters (a release may have been missed) and is set up
-    /// again.
+    /// Deletes `token`'s entry of a fair, shared or permit lock (held, or waiting in line), then
+    /// revokes its lease. `Ok(true)` when the entry held the lock it was granted.
+    async fn release_kind(
+        self: &Arc<Self>,
+        name: &str,
+        token: &Token,
+        mode: Mode,
+    ) -> Result<bool, NodeFailure> {
+        let Some(tag) = Tag::of(mode) else {
+            return self.release(&[Arc::from(name)], token).await;
+        };
+        let grant = self.grants().remove(token);
+        let own = self.keys(name).entry(tag, token);
+        let options = etcd_client::DeleteOptions::new().with_prev_key();
+        let txn = Txn::new().and_then([TxnOp::delete(own, Some(options))]);
+        let resp = match self.txn("release", txn).await {
+            Ok(resp) => resp,
+            Err(failure) => {
+                if let Some(grant) = grant {
+                    self.grants().insert(token.clone(), grant);
+                }
+                return Err(failure);
+            }
+        };
+        let deleted = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(deleted) => deleted.prev_kvs().first().cloned(),
+            _ => None,
+        });
+        if let Some(grant) = grant {
+            self.revoke_later(grant.lease);
+        }
+        Ok(
+            deleted
+                .is_some_and(|kv| grant.is_none_or(|g| g.revision == Some(kv.create_revision()))),
+        )
+    }
+
+    /// Wakes this client's waiters of `name` on each deletion of its key or of an entry under
+    /// it, for as long as the task runs (the subscription aborts it). `confirmed` learns whether
+    /// the first watch was set up; a broken watch wakes the waiters (a release may have been
+    /// missed) and is set up again.
     async fn watch_loop(
         self: Arc<Self>,
         name: String,
         confirmed: tokio::sync::oneshot::Sender<bool>,
     ) {
-        let key = self.key(&name);
+        let keys = self.keys(&name);
+        let (start, end) = keys.watch_range();
         let mut confirmed = Some(confirmed);
         let mut pause = Duration::from_millis(50);
         loop {
             let i = self.preferred.load(Ordering::Relaxed) % self.members.len();
-            let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let options = WatchOptions::new()
+                .with_range(end.clone())
+                .with_filters([WatchFilterType::NoPut]);
             let open = async {
                 let mut client = self.client(i).await?;
-                client.watch(key.clone(), Some(options)).await
+                client.watch(start.clone(), Some(options)).await
             };
             let bound = self.connect_timeout + self.response_timeout;
             if let Ok(Ok(mut stream)) = tokio::time::timeout(bound, open).await {
@@ -679,12 +925,17 @@ impl Inner {
                             let _ = tx.send(true);
                         }
                     }
-                    if resp
+                    let deleted: Vec<&KeyValue> = resp
                         .events()
                         .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
-                    {
-                        self.wakers.notify(&name);
+                        .filter(|e| e.event_type() == EventType::Delete)
+                        .filter_map(|e| e.kv())
+                        .collect();
+                    let revision = deleted.iter().map(|kv| kv.mod_revision()).max();
+                    if revision.is_some_and(|r| self.first_to_wake(&name, r)) {
+                        let parts: Vec<Part> =
+                            deleted.iter().map(|kv| keys.part(kv.key())).collect();
+                        self.wake(&name, &keys, &parts).await;
                     }
                     if resp.canceled() {
                         break;
@@ -704,52 +955,129 @@ impl Inner {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<NodeView>, NodeFailure> {
-        let key = self.key(name);
-        let op = move |mut client: Client| -> BoxFuture<'static, _> {
-            let key = key.clone();
-            Box::pin(async move {
-                let got = client.get(key, None).await?;
-                let Some(kv) = got.kvs().first() else {
-                    return Ok(None);
-                };
-                let remaining = match kv.lease() {
-                    0 => None,
-                    lease => {
-                        let ttl = client.lease_time_to_live(lease, None).await?.ttl();
-                        Some(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
-                    }
-                };
-                Ok(Some(NodeView {
-                    remaining,
-                    fence: u64::try_from(kv.create_revision()).ok(),
-                    holders: 1,
-                    queued: 0,
-                }))
-            })
-        };
-        self.call("inspect", &op).await
+    /// Whether the deletions at `revision` are news to this client: each of its watches of
+    /// `name` sees them, and one wake-up is enough.
+    fn first_to_wake(&self, name: &str, revision: i64) -> bool {
+        match self.watched().get_mut(name) {
+            Some(w) if w.woken >= revision => false,
+            Some(w) => {
+                w.woken = revision;
+                true
+            }
+            None => true,
+        }
     }
 
-    async fn force_release(&self, name: &str) -> Result<bool, NodeFailure> {
-        let key = self.key(name);
-        let op = move |mut client: Client| -> BoxFuture<'static, _> {
-            let key = key.clone();
-            Box::pin(async move {
-                let options = etcd_client::DeleteOptions::new().with_prev_key();
-                let deleted = client.delete(key, Some(options)).await?;
-                Ok(deleted.prev_kvs().first().map(KeyValue::lease))
-            })
+    /// Wakes the waiters of `name` after the deletion of `parts`. When only fair queue entries
+    /// left, the lock can only have passed to the new first in line: only that waiter is woken
+    /// (its ticket is its entry's create revision), along with waiters that have no ticket.
+    async fn wake(&self, name: &str, keys: &Keys, parts: &[Part]) {
+        if parts.is_empty() || parts.iter().any(|p| *p != Part::Entry(Tag::Queue)) {
+            self.wakers.notify(name);
+            return;
+        }
+        let head = kinds::oldest_in(keys.range(Tag::Queue, Tag::Queue), 1);
+        let head = match self.txn("queue head", Txn::new().and_then([head])).await {
+            Ok(resp) => kvs(&resp).into_iter().flatten().next(),
+            Err(_) => None,
         };
-        match self.call("force release", &op).await? {
-            None => Ok(false),
-            Some(0) => Ok(true),
-            Some(lease) => {
-                // The holder's other keys (of a multi-key lock) go with its lease.
-                self.revoke(lease).await?;
-                Ok(true)
+        match head.and_then(|kv| u64::try_from(kv.create_revision()).ok()) {
+            Some(ticket) => self.wakers.notify_for(name, ticket),
+            None => self.wakers.notify(name),
+        }
+    }
+
+    /// What etcd holds of the lock `keys`: its key and entries, read at once.
+    async fn read_lock(&self, what: &str, keys: &Keys) -> Result<Option<kinds::Seen>, NodeFailure> {
+        let (start, end) = keys.entries();
+        let txn = Txn::new().and_then([
+            TxnOp::get(keys.lock(), None),
+            TxnOp::get(start, Some(GetOptions::new().with_range(end))),
+        ]);
+        let resp = self.txn(what, txn).await?;
+        let gets: Vec<Vec<KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().to_vec()),
+                _ => None,
+            })
+            .collect();
+        match gets.as_slice() {
+            [lock, entries] => Ok(kinds::seen(keys, lock.first(), entries)),
+            _ => Err(NodeFailure::response(
+                &self.addr,
+                &format!("{what}: etcd answered with other reads than asked"),
+            )),
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<NodeView>, NodeFailure> {
+        let Some(seen) = self.read_lock("inspect", &self.keys(name)).await? else {
+            return Ok(None);
+        };
+        let mut leases = seen.leases.clone();
+        leases.sort_unstable();
+        leases.dedup();
+        // The longest of the holders' leases (`None`: a holder without one), as Redis reports
+        // the key's time to live; a few leases are enough for an estimate.
+        let remaining = if leases.contains(&0) {
+            None
+        } else {
+            let ttls = join_all(leases.into_iter().take(16).map(|lease| {
+                let op = move |mut client: Client| -> BoxFuture<'static, _> {
+                    Box::pin(async move { client.lease_time_to_live(lease, None).await })
+                };
+                async move { self.call("inspect", &op).await }
+            }))
+            .await;
+            let mut longest = Duration::ZERO;
+            for ttl in ttls {
+                let secs = u64::try_from(ttl?.ttl()).unwrap_or(0);
+                longest = longest.max(Duration::from_secs(secs));
+            }
+            Some(longest)
+        };
+        Ok(Some(NodeView {
+            remaining,
+            fence: u64::try_from(seen.fence).ok(),
+            holders: seen.holders,
+            queued: seen.queued,
+        }))
+    }
+
+    /// Deletes what holds the lock `name`: its key (and the rest of that holder's lock, by
+    /// revoking its lease), or the entries that hold it (every reader, the first N of a
+    /// semaphore, the first of a fair queue). Waiters keep their places.
+    async fn force_release(&self, name: &str) -> Result<bool, NodeFailure> {
+        let keys = self.keys(name);
+        let Some(seen) = self.read_lock("force release", &keys).await? else {
+            return Ok(false);
+        };
+        let options = etcd_client::DeleteOptions::new().with_prev_key();
+        let deletes: Vec<TxnOp> = seen
+            .keys
+            .iter()
+            .map(|k| TxnOp::delete(k.clone(), Some(options.clone())))
+            .collect();
+        let mut deleted = Vec::new();
+        for chunk in deletes.chunks(MAX_TXN_OPS) {
+            let resp = self
+                .txn("force release", Txn::new().and_then(chunk.to_vec()))
+                .await?;
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Delete(d) = op {
+                    deleted.extend(d.prev_kvs().iter().cloned());
+                }
             }
         }
+        if let Some(lock) = deleted.iter().find(|kv| kv.key() == keys.lock()) {
+            if lock.lease() != 0 {
+                // The holder's other keys (of a multi-key lock) go with its lease.
+                self.revoke(lock.lease()).await?;
+            }
+        }
+        Ok(!deleted.is_empty())
     }
 }
 
@@ -793,6 +1121,17 @@ fn seen_kv(kv: &KeyValue, token: &Token) -> Seen {
         }
     } else {
         Seen::Theirs
+    }
+}
+
+/// What the key read for `item` by [`Inner::held_key`] says: an entry's key names its token.
+fn held_kv(kv: &KeyValue, item: &ExtendItem<'_>) -> Seen {
+    match item.mode {
+        Mode::Exclusive => seen_kv(kv, item.token),
+        _ => Seen::Ours {
+            revision: kv.create_revision(),
+            lease: kv.lease(),
+        },
     }
 }
 
@@ -875,21 +1214,30 @@ fn root_cause(err: &etcd_client::Error) -> &(dyn std::error::Error + 'static) {
     cause
 }
 
-/// Aborts the watch task when the subscription is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Ends a watch when its subscription is dropped.
+struct Unwatch {
+    task: tokio::task::JoinHandle<()>,
+    inner: Arc<Inner>,
+    name: String,
+}
 
-impl Drop for AbortOnDrop {
+impl Drop for Unwatch {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        let mut watched = self.inner.watched();
+        if let Some(w) = watched.get_mut(&self.name) {
+            w.refs -= 1;
+            if w.refs == 0 {
+                watched.remove(&self.name);
+            }
+        }
     }
 }
 
 impl Node for EtcdNode {
-    fn supports(&self, mode: Mode) -> Result<(), String> {
-        match mode {
-            Mode::Exclusive => Ok(()),
-            other => Err(format!("the etcd backend has no {other} locks yet")),
-        }
+    fn supports(&self, _: Mode) -> Result<(), String> {
+        // Every kind: see the layout at the top of this file.
+        Ok(())
     }
 
     fn acquire<'a>(
@@ -898,7 +1246,7 @@ impl Node for EtcdNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(self.inner.acquire(names, token, ask.ttl, ask.fencing))
+        Box::pin(self.inner.acquire(names, token, ask))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -909,11 +1257,14 @@ impl Node for EtcdNode {
         &'a self,
         names: &'a [Arc<str>],
         token: &'a Token,
-        _mode: Mode,
+        mode: Mode,
         _wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         // etcd's watches wake the waiters of every client.
-        Box::pin(self.inner.release(names, token))
+        match mode {
+            Mode::Exclusive => Box::pin(self.inner.release(names, token)),
+            _ => Box::pin(self.inner.release_kind(&names[0], token, mode)),
+        }
     }
 
     fn raise_fences<'a>(
@@ -933,10 +1284,19 @@ impl Node for EtcdNode {
             };
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner
+            .watched()
+            .entry(name.to_owned())
+            .or_insert(Watched { refs: 0, woken: 0 })
+            .refs += 1;
         let task = runtime.spawn(Arc::clone(&self.inner).watch_loop(name.to_owned(), tx));
         Subscription {
             confirmed: Box::pin(async move { rx.await.unwrap_or(false) }),
-            keep: Some(Box::new(AbortOnDrop(task))),
+            keep: Some(Box::new(Unwatch {
+                task,
+                inner: Arc::clone(&self.inner),
+                name: name.to_owned(),
+            })),
         }
     }
 

@@ -159,8 +159,9 @@ pub(crate) struct Ask {
     pub(crate) fencing: bool,
     pub(crate) mode: Mode,
     /// The caller waits if refused: a fair waiter joins the queue (or refreshes its entry), a
-    /// writer refused by readers marks itself waiting so that no new reader gets in. Each mark
-    /// lives `ttl` unless renewed by the next attempt.
+    /// writer refused by readers marks itself waiting so that no new reader gets in, and on etcd
+    /// a semaphore waiter keeps its place in line. Each mark lives `ttl` unless renewed by the
+    /// next attempt.
     pub(crate) queue: bool,
 }
 
@@ -208,7 +209,9 @@ pub(crate) enum Attempt {
     /// `Some(ZERO)` says it is about to be free (it expires, or, in Redlock, the vote was split
     /// and every contender is withdrawing): retry soon, after a short jittered pause.
     /// `ticket` is a fair waiter's place in the queue: a release that hands the lock to another
-    /// waiter wakes only that one (`None`: every release wakes this waiter).
+    /// waiter wakes only that one (`None`: every release wakes this waiter). A ticket also says
+    /// that the waiter left something on the server that a release removes if it gives up (its
+    /// place in line; on etcd also a semaphore waiter's place or a waiting writer's marks).
     Held {
         index: usize,
         pttl: Option<Duration>,
