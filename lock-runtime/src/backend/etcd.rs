@@ -982,7 +982,7 @@ impl Inner {
             Err(_) => None,
         };
         match head.and_then(|kv| u64::try_from(kv.create_revision()).ok()) {
-            Some(ticket) => self.wakers.notify_for(name, ticket),
+            Some(ticket) => self.wakers.notify_for(name, ticket, None),
             None => self.wakers.notify(name),
         }
     }
