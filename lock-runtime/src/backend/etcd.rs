@@ -2,53 +2,55 @@
 //! through raft, so the cluster is one linearizable node to us, not a quorum to count.
 //!
 //! Layout, per lock: its key `K = prefix + name` (each NUL byte of it followed by 0x7f, so that
-//! nothing below is ever another lock's key, nor falls in a range compared), which holds the token of an exclusive holder; and entries
-//! `K \0 tag \0 token` for the other kinds, each holding what it is, so that callers that use the
-//! key another way find out (a `Mismatch`, worded as for Redis):
+//! nothing below is ever another lock's key, nor falls in a range compared), which holds the token
+//! of an exclusive holder; and entries `K \0 tag \0 token` for the other kinds, each holding what
+//! it is, so that callers that use the key another way find out (a `Mismatch`, worded as for
+//! Redis):
 //! - `q`, value `fair`: a fair lock's line. The entry with the lowest create revision holds the
 //!   lock (while `K` is absent); the others wait in that order;
 //! - `r`, value `shared-r`: a reader (shared holder);
-//! - `w`, value `shared-w`: an exclusive caller (a writer) waiting for readers: no new reader
-//!   gets in while one lives;
+//! - `w`, value `shared-w`: an exclusive caller (a writer) waiting for readers: no new reader gets
+//!   in while one lives;
 //! - `p`, value `permits=N`: a semaphore's line: the N entries with the lowest create revisions
 //!   hold a permit each, the others wait in that order.
 //!
-//! Every key and entry of an acquisition lives under its lease, so a crashed caller's vanish
-//! within its ttl. The fencing token is the create revision of `K` or of the holder's entry: it
-//! grows across the cluster and across leader changes, and every grant has its own.
+//! Every key and entry of an acquisition lives under its lease, so a crashed caller's vanish within
+//! its ttl. The fencing token is the create revision of `K` or of the holder's entry: it grows
+//! across the cluster and across leader changes, and every grant has its own.
 //!
 //! Protocol:
-//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, kept alive by
-//!   each retry of the same token: that renews a waiter's entries too), then one transaction.
-//!   Exclusive, over every key: if no key exists from `K` up to its `r` entries (one range
-//!   compare per key: `K` is absent and no `p`, `q` or `r` entry is under it), put `token` under
-//!   the lease on each; else read the first key of each range (a `K` holding our token means an
-//!   earlier attempt of ours landed: "ours"). A caller that waits and was refused by readers then
-//!   puts its `w` entry there (one more request, on the waiting path only). A reader: when no `p` or `q` entry exists (else a mismatch), put
-//!   its `r` entry if `K` is absent and no `w` entry exists; granted if its entry exists. Fair:
-//!   when no `p` or `r` entry exists, put its `q` entry (a caller that does not wait only when
-//!   nobody is in line and `K` is absent), then read `K` and the first in line. Permits: when `K`
-//!   is absent and no `q` or `r` entry exists, put its `p` entry if every `p` entry there says the
-//!   same N, then read the first N; a caller that does not wait withdraws an entry that got no
-//!   permit (one more request);
+//! - acquire: a lease of `ttl` rounded up to whole seconds (one per acquisition, kept alive by each
+//!   retry of the same token: that renews a waiter's entries too), then one transaction. Exclusive,
+//!   over every key: if no key exists from `K` up to its `r` entries (one range compare per key:
+//!   `K` is absent and no `p`, `q` or `r` entry is under it), put `token` under the lease on each;
+//!   else read the first key of each range (a `K` holding our token means an earlier attempt of
+//!   ours landed: "ours"). A caller that waits and was refused by readers then puts its `w` entry
+//!   there (one more request, on the waiting path only). A reader: when no `p` or `q` entry exists
+//!   (else a mismatch), put its `r` entry if `K` is absent and no `w` entry exists; granted if its
+//!   entry exists. Fair: when no `p` or `r` entry exists, put its `q` entry (a caller that does not
+//!   wait only when nobody is in line and `K` is absent), then read `K` and the first in line.
+//!   Permits: when `K` is absent and no `q` or `r` entry exists, put its `p` entry if every `p`
+//!   entry there says the same N, then read the first N; a caller that does not wait withdraws an
+//!   entry that got no permit (one more request);
 //! - renewal: a lease keepalive, then a read of the keys (or of the entry) that prove the hold
 //!   (deleted by hand, or by `force_release`: not ours any more);
-//! - release: delete the keys if each still holds our token (one transaction), or our entry,
-//!   then revoke the lease (which also deletes whatever of ours a partial loss left, and a
-//!   writer's marks: then before the release answers). A waiter that gives up releases too: its place in line or its marks go at
-//!   once (`Attempt::Held` carries a ticket for those, which makes the caller release);
-//! - waiting: one watch per waiter over `K` and every entry under it, for deletions; the first of
-//!   a client's watches of a name to see a deletion wakes that client's waiters. When only fair
-//!   entries left, only the new first in line is woken (its ticket is its entry's create
-//!   revision), with the waiters that have no ticket;
-//! - inspect and `force_release` read `K` and the entries; a forced release deletes what holds
-//!   the lock (`K`, every reader, the first N entries, the first in line) and leaves the waiters
-//!   in place.
+//! - release: delete the keys if each still holds our token (one transaction), or our entry, then
+//!   revoke the lease (which also deletes whatever of ours a partial loss left, and a writer's
+//!   marks: then before the release answers). A waiter that gives up releases too: its place in
+//!   line or its marks go at once (`Attempt::Held` carries a ticket for those, which makes the
+//!   caller release);
+//! - waiting: one watch per waiter over `K` and every entry under it, for deletions; the first of a
+//!   client's watches of a name to see a deletion wakes that client's waiters. When only fair
+//!   entries left, only the new first in line is woken (its ticket is its entry's create revision),
+//!   with the waiters that have no ticket;
+//! - inspect and `force_release` read `K` and the entries; a forced release deletes what holds the
+//!   lock (`K`, every reader, the first N entries, the first in line) and leaves the waiters in
+//!   place.
 //!
-//! The client talks to one member at a time (the last that answered) and moves on to the next
-//! when one refuses, breaks, or has no leader (requests carry etcd's require-leader flag, so a
-//! member cut off from its quorum says so at once instead of hanging); all of it within one
-//! connect plus one response timeout per operation. A failure names every endpoint's cause.
+//! The client talks to one member at a time (the last that answered) and moves on to the next when
+//! one refuses, breaks, or has no leader (requests carry etcd's require-leader flag, so a member
+//! cut off from its quorum says so at once instead of hanging); all of it within one connect plus
+//! one response timeout per operation. A failure names every endpoint's cause.
 
 use std::collections::HashMap;
 use std::fmt;
