@@ -320,8 +320,11 @@ pub(crate) async fn acquire(
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
                 };
-                if let Some(granted) =
-                    told.and_then(|t| handed_to_us(req, settings, &token, t, queued_at))
+                // Only one node's word: under Redlock a majority must grant it.
+                let one_node = matches!(backend, Backend::One(_));
+                if let Some(granted) = told
+                    .filter(|_| one_node)
+                    .and_then(|t| handed_to_us(req, settings, &token, t, queued_at))
                 {
                     events::acquired(&req.labels, started.elapsed(), attempts, &granted.fences);
                     break Ok(granted);

@@ -45,7 +45,7 @@
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
-//! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; not on Redlock | `false` |
+//! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; on Redlock the order is the gate node's line | `false` |
 //! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
 //! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) | none |
 //! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |

@@ -147,7 +147,7 @@ async fn acquire_on(
     names: Names,
     token: Token,
     ask: Ask,
-    reply_tx: mpsc::UnboundedSender<Result<Attempt, NodeFailure>>,
+    reply_tx: mpsc::UnboundedSender<(usize, Result<Attempt, NodeFailure>)>,
     mut verdict: watch::Receiver<Option<bool>>,
 ) {
     if let Some(failure) = step.node_failing() {
@@ -155,7 +155,7 @@ async fn acquire_on(
         // failed (same cause) at once rather than queue behind it and hold up this decision.
         // Nothing is sent; the step still ends after the previous one.
         step.mark_failed(&failure);
-        let _ = reply_tx.send(Err(failure));
+        let _ = reply_tx.send((step.index, Err(failure)));
         step.after_previous().await;
         return;
     }
@@ -165,7 +165,7 @@ async fn acquire_on(
         step.mark_failed(failure);
     }
     let held_by_another = matches!(reply, Ok(Attempt::Held { .. }));
-    let _ = reply_tx.send(reply);
+    let _ = reply_tx.send((step.index, reply));
     let keep = matches!(
         verdict.wait_for(Option::is_some).await.as_deref(),
         Ok(Some(true))
@@ -233,10 +233,14 @@ impl Quorum {
     /// within [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked
     /// then, and its answer counts when it comes.
     /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
-    /// lock excludes another. Semaphores and fair queues are not offered: see the messages.
+    /// lock excludes another. A fair lock is a line on each node; the lock is granted like any
+    /// other, by a majority, so the lines only order the waiters: while the lock is contended its
+    /// waiters ask the gate first and line up there, so the gate's line is the order. A waiter
+    /// that wins a minority (the lines disagree) withdraws, which passes those nodes on and puts
+    /// it at the back of their lines. Semaphores are not offered: see the message.
     pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
         match mode {
-            Mode::Exclusive | Mode::Shared => {
+            Mode::Exclusive | Mode::Shared | Mode::Fair => {
                 self.nodes.iter().try_for_each(|node| node.supports(mode))
             }
             Mode::Permits(_) => Err(
@@ -245,12 +249,6 @@ impl Quorum {
                  majority (5 nodes, 2 permits: three holders on nodes {1,2,3}, {3,4,5} and \
                  {1,2,4} leave no node over its count). Use a single node, Sentinel, Cluster or \
                  etcd for permits"
-                    .to_owned(),
-            ),
-            Mode::Fair => Err(
-                "Redlock has no fair locks: each node would keep its own queue, the nodes can \
-                 disagree on the order, and a split vote would then hand the lock to nobody. Use \
-                 a single node, Sentinel, Cluster or etcd for fair locks"
                     .to_owned(),
             ),
         }
@@ -283,16 +281,24 @@ impl Quorum {
                 spawn(step);
             }
             match tokio::time::timeout(GATE_PATIENCE, replies.recv()).await {
-                Ok(Some(Ok(Attempt::Held { index, pttl, .. }))) => {
+                Ok(Some((
+                    _,
+                    Ok(Attempt::Held {
+                        index,
+                        pttl,
+                        ticket,
+                    }),
+                ))) => {
                     // The gate's holder (or a contender that got there first) goes on; nothing
-                    // was sent to the other nodes. Their steps end unused.
+                    // was sent to the other nodes. Their steps end unused. A fair waiter now
+                    // has its place in the gate's line.
                     drop(steps);
                     verdict_tx.send_replace(Some(false));
                     self.mark_contended(&names[0]);
                     return Ok(Attempt::Held {
                         index,
                         pttl,
-                        ticket: None,
+                        ticket,
                     });
                 }
                 Ok(reply) => first = reply,
@@ -313,8 +319,10 @@ impl Quorum {
         let mut held: Option<(usize, Option<Duration>)> = None;
         let mut mismatch = None;
         let mut failures = Vec::new();
+        // A fair waiter's place in the gate's line: the one whose hand-off wakes it.
+        let mut gate_ticket = None;
         loop {
-            let reply = match first.take() {
+            let (node, reply) = match first.take() {
                 Some(reply) => reply,
                 None => match replies.recv().await {
                     Some(reply) => reply,
@@ -334,7 +342,14 @@ impl Quorum {
                     // (of nodes that disagree with this one) grants it.
                     mismatch = Some(Attempt::Mismatch { field, reason });
                 }
-                Ok(Attempt::Held { index, pttl, .. }) => {
+                Ok(Attempt::Held {
+                    index,
+                    pttl,
+                    ticket,
+                }) => {
+                    if node == gate {
+                        gate_ticket = ticket;
+                    }
                     // The blocking key with the shortest known remaining time.
                     let shorter = match (held, pttl) {
                         (None, _) | (Some((_, None)), Some(_)) => true,
@@ -379,7 +394,7 @@ impl Quorum {
             Ok(Attempt::Held {
                 index,
                 pttl: Some(Duration::ZERO),
-                ticket: None,
+                ticket: gate_ticket,
             })
         } else {
             self.mark_contended(&names[0]);
@@ -387,7 +402,7 @@ impl Quorum {
             Ok(Attempt::Held {
                 index,
                 pttl,
-                ticket: None,
+                ticket: gate_ticket,
             })
         }
     }

@@ -255,8 +255,10 @@ return {0, 1, pttl, tonumber(ticket or 0)}
 /// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
 /// the waiter alone woken: the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
 /// new fence (0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
-/// waiter's token, which lets it take the lock without asking again. Returns 1 when `token` held
-/// the lock.
+/// waiter's token, which lets it take the lock without asking again. A release that finds
+/// nobody in line publishes nothing: every fair waiter has a place in a line (under Redlock, at
+/// the lock's gate node), and is woken by the hand-off to it. Returns 1 when `token` held the
+/// lock.
 pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
@@ -285,8 +287,6 @@ if head[1] then
   if redis.call('EXISTS', F) == 1 then fence = redis.call('INCR', F) end
   local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
   redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
-elseif released == 1 then
-  redis.pcall(ARGV[2], ARGV[3], '')
 end
 return released
 ",

@@ -815,8 +815,16 @@ async fn section_contended(
         "   {:<14}  {:>10}  {:>18}  {:>18}  {:>13}  {:>6}  {:>10}",
         "lock", "sections/s", "hand-off p50", "hand-off p99", "owner changes", "Jain", "wait p99"
     );
-    for (name, fair) in [("default", false), ("fair = true", true)] {
-        let run = contended(opts, url, fair).await?;
+    let masters = RedisMasters::start(3);
+    let redlock = LockConfig::redlock(masters.urls()).fencing(true);
+    let setups = [
+        ("default", LockConfig::single(url), false),
+        ("fair = true", LockConfig::single(url), true),
+        ("Redlock(3)", redlock.clone(), false),
+        ("Redlock(3) fair", redlock, true),
+    ];
+    for (name, config, fair) in setups {
+        let run = contended(opts, &config, fair).await?;
         let rate = run.len() as f64 / opts.secs.as_secs_f64();
         let (changes, pairs) = sections::owner_changes(&run);
         let changed = changes as f64 / pairs.max(1) as f64;
@@ -860,13 +868,13 @@ async fn section_contended(
 }
 
 /// The sections granted in the measured window.
-async fn contended(opts: &Opts, url: &str, fair: bool) -> Res<Vec<Section>> {
+async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<Vec<Section>> {
     let key = unique_key("bench:contended");
     let measure_from = now_ns() + u64::try_from(opts.warmup.as_nanos())?;
     let stop = measure_from + u64::try_from(opts.secs.as_nanos())?;
     let mut handles = Vec::new();
     for me in 0..opts.waiters {
-        let client = LockClient::new(opts.config(LockConfig::single(url)))?;
+        let client = LockClient::new(opts.config(config.clone()))?;
         let key = key.clone();
         handles.push(tokio::spawn(async move {
             let mut own = Vec::new();

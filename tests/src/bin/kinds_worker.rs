@@ -1,8 +1,9 @@
 //! Test helper for `tests/kinds_processes.rs`: tasks of one process taking one key as a fair lock,
 //! a reader or writer, or one of N permits, until the key has been granted `total` times.
 //!
-//! Usage: `kinds_worker <redis-url> <lock-key> <data-prefix> <total> <kind@hold-ms,...>`, one task
-//! per item; a kind is `write` (a plain lock, the writer of a shared key), `fair`, `read` (shared)
+//! Usage: `kinds_worker <redis-url[,url...]> <lock-key> <data-prefix> <total> <kind@hold-ms,...>`,
+//! one task per item (several URLs: the lock is taken by Redlock over all of them, with fencing,
+//! and the data lives on the first); a kind is `write` (a plain lock, the writer of a shared key), `fair`, `read` (shared)
 //! or `permits=N`. Lock: ttl 5s, wait 30s.
 //!
 //! Before the tasks start, the process takes and releases each kind once on a key of its own, so
@@ -51,7 +52,13 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let client = match LockClient::new(LockConfig::single(args.url.as_str())) {
+    // Several URLs: Redlock over them (with fencing), the data on the first.
+    let urls: Vec<&str> = args.url.split(',').collect();
+    let config = match urls.as_slice() {
+        [one] => LockConfig::single(*one),
+        many => LockConfig::redlock(many.iter().copied()).fencing(true),
+    };
+    let client = match LockClient::new(config) {
         Ok(client) => client,
         Err(err) => {
             eprintln!("kinds_worker: {err}");
@@ -103,7 +110,8 @@ fn parse_args() -> Option<Args> {
 }
 
 async fn run(client: &LockClient, args: &Args) -> Result<Report, String> {
-    let redis = redis::Client::open(args.url.as_str()).map_err(|e| e.to_string())?;
+    let data_url = args.url.split(',').next().unwrap_or_default();
+    let redis = redis::Client::open(data_url).map_err(|e| e.to_string())?;
     let con = redis
         .get_multiplexed_async_connection()
         .await

@@ -1,6 +1,6 @@
 //! Behaviour of the other lock kinds (fair, shared, permits) on every backend that offers them:
-//! `kind_tests!(fixture)` makes one test of each check, `redlock_kind_tests!` the Redlock subset
-//! (shared locks; fair locks and semaphores are refused there).
+//! `kind_tests!(fixture)` makes one test of each check, `kind_tests!(fixture, redlock)` the
+//! Redlock subset (semaphores are refused there, and a hand-off there is confirmed by a majority).
 
 #![allow(
     dead_code,
@@ -364,20 +364,15 @@ pub(crate) async fn nested_kinds_join_or_refuse(fx: &Fx) {
     assert_eq!(config_field(writer_in_reader), "reentrant");
 }
 
-/// Redlock offers no fair locks and no semaphores, and says why before asking any node.
-pub(crate) async fn redlock_refuses_fair_locks_and_permits(fx: &Fx) {
+/// Redlock offers no semaphores, and says why before asking any node.
+pub(crate) async fn redlock_refuses_permits(fx: &Fx) {
     let key = unique_key("kind:redlock");
-    for (result, field) in [
-        (fx.a.lock(&key).fair(true).acquire().await, "fair"),
-        (fx.a.lock(&key).permits(2).acquire().await, "permits"),
-    ] {
-        match result {
-            Err(LockError::Config { field: f, reason }) => {
-                assert_eq!(f, field);
-                assert!(reason.contains("Redlock"), "{reason}");
-            }
-            other => panic!("expected a Config error, got {other:?}"),
+    match fx.a.lock(&key).permits(2).acquire().await {
+        Err(LockError::Config { field, reason }) => {
+            assert_eq!(field, "permits");
+            assert!(reason.contains("Redlock"), "{reason}");
         }
+        other => panic!("expected a Config error, got {other:?}"),
     }
     assert!(fx.at_most_under("kind:redlock", None));
 }
@@ -397,8 +392,9 @@ macro_rules! kind_tests {
     };
     ($fixture:expr, redlock) => {
         kind_tests!(@each $fixture;
-            shared_holders_overlap_and_exclude_a_writer, a_waiting_writer_is_not_starved,
-            nested_kinds_join_or_refuse, redlock_refuses_fair_locks_and_permits);
+            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
+            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            a_waiting_writer_is_not_starved, nested_kinds_join_or_refuse, redlock_refuses_permits);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(
