@@ -83,14 +83,21 @@ impl State {
     }
 
     /// The live holders of the shared lock or semaphore `name`, if it has any.
+    /// `name`'s shared holders or permits without the leases that ran out: none when nobody
+    /// holds it, unless a waiting writer's mark still keeps readers out (then with no holders).
     fn group(&mut self, name: &str, now: Instant) -> Option<&mut Group> {
         let group = self.groups.get_mut(name)?;
         group.purge(now);
-        if group.holders.is_empty() {
+        if group.holders.is_empty() && group.writer_until.is_none() {
             self.groups.remove(name);
             return None;
         }
         self.groups.get_mut(name)
+    }
+
+    /// Like [`group`](Self::group), but only when someone holds it.
+    fn held_group(&mut self, name: &str, now: Instant) -> Option<&mut Group> {
+        self.group(name, now).filter(|g| !g.holders.is_empty())
     }
 
     /// `name`'s queue without the waiters whose lease ran out.
@@ -195,7 +202,9 @@ impl MemoryNode {
                     if let Some(group) = state.groups.get_mut(&**name) {
                         let lease = group.holders.remove(token);
                         group.purge(now);
-                        if group.holders.is_empty() {
+                        // A waiting writer's mark outlives the last reader: readers woken by this
+                        // release with the writer must not get in first.
+                        if group.holders.is_empty() && group.writer_until.is_none() {
                             state.groups.remove(&**name);
                         }
                         if lease.is_some_and(|expires| expires > now) {
@@ -246,17 +255,22 @@ fn exclusive(
             if group.permits > 0 {
                 return Attempt::mismatch(name, ask.mode, i64::from(group.permits));
             }
-            // Readers hold it: a writer that waits keeps new readers out meanwhile.
-            if ask.queue {
-                let mark = until(now, ask.ttl);
-                group.writer_until = Some(group.writer_until.map_or(mark, |w| w.max(mark)));
+            if group.holders.is_empty() {
+                // Only a writer's mark is left: the lock is free for a writer.
+                state.groups.remove(&**name);
+            } else {
+                // Readers hold it: a writer that waits keeps new readers out meanwhile.
+                if ask.queue {
+                    let mark = until(now, ask.ttl);
+                    group.writer_until = Some(group.writer_until.map_or(mark, |w| w.max(mark)));
+                }
+                let last = group.holders.values().max().copied().unwrap_or(now);
+                return Attempt::Held {
+                    index,
+                    pttl: Some(last.saturating_duration_since(now)),
+                    ticket: None,
+                };
             }
-            let last = group.holders.values().max().copied().unwrap_or(now);
-            return Attempt::Held {
-                index,
-                pttl: Some(last.saturating_duration_since(now)),
-                ticket: None,
-            };
         }
         match state.live(name, now) {
             Some(entry) if entry.token == *token => ours.push(true),
@@ -477,7 +491,7 @@ impl Node for MemoryNode {
         let queued = state.queue(name, now).map_or(0, |q| q.len());
         let held = match state.live(name, now) {
             Some(entry) => Some((entry.expires - now, 1)),
-            None => state.group(name, now).map(|g| {
+            None => state.held_group(name, now).map(|g| {
                 let last = g.holders.values().max().copied().unwrap_or(now);
                 (last - now, g.holders.len())
             }),
@@ -495,7 +509,7 @@ impl Node for MemoryNode {
         let held = {
             let mut state = self.state();
             let now = Instant::now();
-            let held = state.live(name, now).is_some() || state.group(name, now).is_some();
+            let held = state.live(name, now).is_some() || state.held_group(name, now).is_some();
             state.held.remove(name);
             state.groups.remove(name);
             held

@@ -253,6 +253,33 @@ pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
         .unwrap();
 }
 
+/// Readers that came while a writer waited are woken by the same release as the writer, and
+/// still let it go first: the release keeps the writer's mark, so none of them gets in before
+/// the writer has had the lock.
+pub(crate) async fn readers_woken_with_a_waiting_writer_let_it_go_first(fx: &Fx) {
+    let key = unique_key("kind:rw-order");
+    let first = fx.a.lock(&key).shared(true).acquire().await.unwrap();
+    let writer = fx.start_lock_waiter(&key, fx.b.lock(&key).wait(LONG)).await;
+    let mut readers = Vec::new();
+    for client in [&fx.a, &fx.b, &fx.a] {
+        let reader = client.lock(&key).shared(true).wait(LONG);
+        readers.push(fx.start_lock_waiter(&key, reader).await);
+    }
+    first.release().await.unwrap();
+    let (_, guard) = bounded(LONG, "the writer", writer).await.unwrap();
+    let guard = guard.unwrap();
+    let writer_done = Instant::now();
+    guard.release().await.unwrap();
+    for reader in readers {
+        let (got_at, reader) = bounded(LONG, "a reader", reader).await.unwrap();
+        assert!(
+            got_at >= writer_done,
+            "a reader got in before the writer was done"
+        );
+        reader.unwrap().release().await.unwrap();
+    }
+}
+
 /// A semaphore admits up to its permit count; a waiter gets a permit when one is returned.
 pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
     let key = unique_key("kind:permits");
@@ -386,7 +413,8 @@ macro_rules! kind_tests {
             fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
             a_fair_hand_off_wakes_the_head_alone,
             fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, permits_admit_up_to_their_count,
+            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+            permits_admit_up_to_their_count,
             mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,
             nested_kinds_join_or_refuse);
     };
@@ -394,7 +422,8 @@ macro_rules! kind_tests {
         kind_tests!(@each $fixture;
             fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
             fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, nested_kinds_join_or_refuse, redlock_refuses_permits);
+            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+            nested_kinds_join_or_refuse, redlock_refuses_permits);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(
