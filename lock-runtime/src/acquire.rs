@@ -270,6 +270,10 @@ pub(crate) async fn acquire(
             fencing: req.fencing,
             mode: req.mode,
             queue: !past(attempt_start),
+            waits: req
+                .give_up
+                .map_or(req.ttl, |g| g.saturating_duration_since(attempt_start))
+                .min(req.ttl),
         };
         let attempt = backend.acquire(&req.names, &token, ask).await;
         let now = Instant::now();

@@ -261,7 +261,7 @@ fn exclusive(
             } else {
                 // Readers hold it: a writer that waits keeps new readers out meanwhile.
                 if ask.queue {
-                    let mark = until(now, ask.ttl);
+                    let mark = until(now, ask.waits);
                     group.writer_until = Some(group.writer_until.map_or(mark, |w| w.max(mark)));
                 }
                 let last = group.holders.values().max().copied().unwrap_or(now);
@@ -438,9 +438,14 @@ fn shared(
                 group.writer_until.is_some()
             };
         if refused {
+            // A writer's mark is worth asking again about when it runs out.
+            let pttl = match group.writer_until {
+                Some(w) if permits == 0 => Some(w.saturating_duration_since(now)),
+                _ => group.first_expiry(now),
+            };
             return Attempt::Held {
                 index: 0,
-                pttl: group.first_expiry(now),
+                pttl,
                 ticket: None,
             };
         }

@@ -163,6 +163,9 @@ pub(crate) struct Ask {
     /// a semaphore waiter keeps its place in line. Each mark lives `ttl` unless renewed by the
     /// next attempt.
     pub(crate) queue: bool,
+    /// How much longer the caller waits if refused, at most `ttl` (zero when it does not): a
+    /// writer's mark lives that long, so a writer whose wait runs out keeps no reader out after.
+    pub(crate) waits: Duration,
 }
 
 /// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a

@@ -463,6 +463,7 @@ impl Calls {
             fencing,
             mode,
             queue,
+            waits,
         } = ask;
         let flag = |on: bool| if on { "1" } else { "0" };
         let script = match mode {
@@ -497,7 +498,9 @@ impl Calls {
             .arg(millis(ttl))
             .arg(flag(fencing));
         match mode {
-            Mode::Exclusive | Mode::Fair => invocation.arg(flag(queue)),
+            // How long a writer's mark keeps readers out (0: it does not wait).
+            Mode::Exclusive => invocation.arg(if queue { millis(waits).max(1) } else { 0 }),
+            Mode::Fair => invocation.arg(flag(queue)),
             Mode::Shared => invocation.arg(0),
             Mode::Permits(n) => invocation.arg(n),
         };

@@ -6,15 +6,16 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// KEYS: the n lock keys, then their n fence keys. ARGV: token, ttl_ms, fencing ("1" or "0"),
-/// queue ("1": the caller waits if refused).
+/// mark_ms (how much longer the caller waits if refused, at most the ttl; "0": it does not).
 /// Takes every lock key for the token, or none.
 /// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
 /// `{0, i, pttl}` when someone else holds key `i`, `{2, i, n}` when key `i` is a semaphore of
 /// `n` permits. Key `i` held by live shared holders (a read lock, see [`SHARED_ACQUIRE`]) counts
-/// as held, and a caller that waits marks itself as a waiting writer there (until `now + ttl`,
-/// renewed by its next attempt), which keeps new readers out; a shared key with no live holder
-/// left (only a writer's mark) is free, and the grant replaces it. Idempotent for one token: an attempt whose
-/// reply was lost can be sent again and answers "ours" (refreshing the TTL) instead of "held".
+/// as held, and a caller that waits marks itself as a waiting writer there (until
+/// `now + mark_ms`, renewed by its next attempt), which keeps new readers out; a shared key with
+/// no live holder left (only a writer's mark) is free, and the grant replaces it. Idempotent for
+/// one token: an attempt whose reply was lost can be sent again and answers "ours" (refreshing
+/// the TTL) instead of "held".
 ///
 /// Every step that can fail (a key of the wrong type, a fence that is not a number, `OOM`) comes
 /// before the first lock key is written, so a failed call leaves no lock behind; the `#!lua` line
@@ -46,7 +47,8 @@ for i = 1, n do
     local readers = redis.call('ZCARD', K) - 1
     if redis.call('ZSCORE', K, '#w') then readers = readers - 1 end
     if readers > 0 then
-      if ARGV[4] == '1' then redis.call('ZADD', K, 'GT', now + tonumber(ARGV[2]), '#w') end
+      local mark = tonumber(ARGV[4])
+      if mark > 0 then redis.call('ZADD', K, 'GT', now + mark, '#w') end
       return {0, i, redis.call('PTTL', K)}
     end
   elseif type(holder) == 'table' then
@@ -329,8 +331,11 @@ if kind == 'zset' then
         local first = redis.call('ZRANGE', K, 0, 0, 'WITHSCORES')
         return {0, 1, math.max(tonumber(first[2]) - now, 0)}
       end
-    elseif redis.call('ZSCORE', K, '#w') then
-      return {0, 1, redis.call('PTTL', K)}
+    else
+      -- A waiting writer's mark: worth asking again when it runs out (or at the release that
+      -- follows the writer's turn).
+      local writer = redis.call('ZSCORE', K, '#w')
+      if writer then return {0, 1, math.max(tonumber(writer) - now, 0)} end
     end
   end
 elseif kind ~= 'none' then

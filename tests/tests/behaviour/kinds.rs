@@ -280,6 +280,35 @@ pub(crate) async fn readers_woken_with_a_waiting_writer_let_it_go_first(fx: &Fx)
     }
 }
 
+/// A writer whose wait runs out stops keeping readers out when it stops waiting, not a ttl
+/// (30 s here) later.
+pub(crate) async fn a_writer_that_gives_up_keeps_no_reader_out(fx: &Fx) {
+    let key = unique_key("kind:rw-give-up");
+    let reader = fx.a.lock(&key).shared(true).acquire().await.unwrap();
+    let writer =
+        fx.b.lock(&key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_millis(300))
+            .acquire()
+            .await;
+    assert!(is_contended(&writer), "{writer:?}");
+    let gave_up = Instant::now();
+    let next =
+        fx.b.lock(&key)
+            .shared(true)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await;
+    let next = next.unwrap_or_else(|e| panic!("a reader after the writer gave up: {e}"));
+    eprintln!(
+        "a reader got in {:?} after the writer gave up",
+        gave_up.elapsed()
+    );
+    assert!(gave_up.elapsed() < Duration::from_secs(5));
+    next.release().await.unwrap();
+    reader.release().await.unwrap();
+}
+
 /// A semaphore admits up to its permit count; a waiter gets a permit when one is returned.
 pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
     let key = unique_key("kind:permits");
@@ -414,7 +443,7 @@ macro_rules! kind_tests {
             a_fair_hand_off_wakes_the_head_alone,
             fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
             a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
-            permits_admit_up_to_their_count,
+            a_writer_that_gives_up_keeps_no_reader_out, permits_admit_up_to_their_count,
             mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,
             nested_kinds_join_or_refuse);
     };
@@ -423,7 +452,8 @@ macro_rules! kind_tests {
             fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
             fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
             a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
-            nested_kinds_join_or_refuse, redlock_refuses_permits);
+            a_writer_that_gives_up_keeps_no_reader_out, nested_kinds_join_or_refuse,
+            redlock_refuses_permits);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(
