@@ -26,6 +26,8 @@ const BATCH_WINDOW: Duration = Duration::from_millis(20);
 
 /// Joining locks wake the driver early once this many wait to be picked up.
 const JOIN_BACKLOG: usize = 4096;
+/// How often an idle driver looks at the locks that joined.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// The handle locks use to join the client's renewal driver.
 ///
@@ -38,7 +40,9 @@ pub(crate) struct Renewer {
 }
 
 struct Shared {
-    joining: Mutex<Vec<Arc<Hold>>>,
+    /// Locks that joined since the driver last looked, with when they joined: their renewals
+    /// are scheduled from then, however late the driver gets to them.
+    joining: Mutex<Vec<(Arc<Hold>, Instant)>>,
     wake: Notify,
     /// The driver's next wake-up in ms since `epoch` (`u64::MAX`: none).
     next_wake_ms: AtomicU64,
@@ -52,7 +56,7 @@ impl Shared {
         u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn take_joining(&self) -> Vec<Arc<Hold>> {
+    fn take_joining(&self) -> Vec<(Arc<Hold>, Instant)> {
         std::mem::take(&mut *self.joining.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
@@ -88,7 +92,8 @@ impl Renewer {
 
     /// Keeps `hold` alive until it is released or lost.
     pub(crate) fn register(&self, hold: Arc<Hold>) {
-        let mut first = self.shared.renew_at(&hold, Instant::now());
+        let now = Instant::now();
+        let mut first = self.shared.renew_at(&hold, now);
         if let Some(stop) = hold.max_hold_at() {
             first = first.min(Instant::from_std(stop));
         }
@@ -98,8 +103,17 @@ impl Renewer {
                 .joining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            joining.push(hold);
-            joining.len()
+            // Locks released since they joined go here, on the thread that took them, rather
+            // than when the driver next looks (freeing on another thread contends in malloc).
+            let mut gone = Vec::new();
+            while joining.last().is_some_and(|(h, _)| h.is_released()) {
+                gone.extend(joining.pop());
+            }
+            joining.push((hold, now));
+            let backlog = joining.len();
+            drop(joining);
+            drop(gone);
+            backlog
         };
         let first = self.shared.ms(first);
         // Read after queueing: the driver publishes its wake-up before it looks at the queue, so
@@ -157,17 +171,22 @@ struct Driver {
 impl Driver {
     async fn run(mut self) {
         loop {
-            let next = self.timers.first().map(|(at, _)| *at);
-            self.shared.next_wake_ms.store(
-                next.map_or(u64::MAX, |at| self.shared.ms(at)),
-                Ordering::SeqCst,
-            );
+            // Idle, it still looks in every IDLE_TICK: a lock that joins meanwhile and is due
+            // later needs no wake-up, so taking and releasing locks while none is held does not
+            // wake this task each time.
+            let next = self
+                .timers
+                .first()
+                .map_or_else(|| Instant::now() + IDLE_TICK, |(at, _)| *at);
+            self.shared
+                .next_wake_ms
+                .store(self.shared.ms(next), Ordering::SeqCst);
             let joined = self.shared.take_joining();
             if joined.is_empty() {
                 tokio::select! {
                     () = self.shared.wake.notified() => {}
                     Some(outcome) = self.results.recv() => self.apply(outcome),
-                    () = sleep_until(next) => {}
+                    () = tokio::time::sleep_until(next) => {}
                 }
             } else {
                 self.insert(joined);
@@ -186,15 +205,15 @@ impl Driver {
     }
 
     /// Takes over newly held locks; those released meanwhile (most short ones) are just dropped.
-    fn insert(&mut self, joined: Vec<Arc<Hold>>) {
+    fn insert(&mut self, joined: Vec<(Arc<Hold>, Instant)>) {
         let now = Instant::now();
-        for hold in joined {
+        for (hold, joined_at) in joined {
             if hold.is_released() || hold.is_declared_lost() {
                 continue;
             }
             let id = hold.id;
             let mut entry = Entry {
-                renew_at: self.shared.renew_at(&hold, now),
+                renew_at: self.shared.renew_at(&hold, joined_at),
                 hold,
                 in_flight: false,
                 timer: now,
@@ -318,12 +337,5 @@ impl Driver {
             }
         }
         self.reschedule(id);
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
