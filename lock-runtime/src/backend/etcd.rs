@@ -825,16 +825,7 @@ impl Inner {
                     .collect::<Vec<_>>(),
             )
             .or_else(gets(&keys));
-        let resp = match self.txn("release", txn).await {
-            Ok(resp) => resp,
-            Err(failure) => {
-                if let Some(grant) = grant {
-                    // A retry (the engine's cleanup) still needs the lease.
-                    self.grants().insert(token.clone(), grant);
-                }
-                return Err(failure);
-            }
-        };
+        let resp = self.release_txn(txn, token, grant).await?;
         if resp.succeeded() {
             match grant {
                 // Readers wait for the marks to go: before the release answers.
@@ -859,6 +850,23 @@ impl Inner {
         Ok(false)
     }
 
+    /// Sends a release transaction of `token`, whose `grant` the caller took out of the table:
+    /// on failure it goes back, since a retry (the engine's cleanup) still needs the lease.
+    async fn release_txn(
+        &self,
+        txn: Txn,
+        token: &Token,
+        grant: Option<Grant>,
+    ) -> Result<TxnResponse, NodeFailure> {
+        let sent = self.txn("release", txn).await;
+        if sent.is_err() {
+            if let Some(grant) = grant {
+                self.grants().insert(token.clone(), grant);
+            }
+        }
+        sent
+    }
+
     /// Deletes `token`'s entry of a fair, shared or permit lock (held, or waiting in line), then
     /// revokes its lease. `Ok(true)` when the entry held the lock it was granted.
     async fn release_kind(
@@ -874,15 +882,7 @@ impl Inner {
         let own = self.keys(name).entry(tag, token);
         let options = etcd_client::DeleteOptions::new().with_prev_key();
         let txn = Txn::new().and_then([TxnOp::delete(own, Some(options))]);
-        let resp = match self.txn("release", txn).await {
-            Ok(resp) => resp,
-            Err(failure) => {
-                if let Some(grant) = grant {
-                    self.grants().insert(token.clone(), grant);
-                }
-                return Err(failure);
-            }
-        };
+        let resp = self.release_txn(txn, token, grant).await?;
         let deleted = resp.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Delete(deleted) => deleted.prev_kvs().first().cloned(),
             _ => None,
@@ -997,15 +997,7 @@ impl Inner {
             TxnOp::get(start, Some(GetOptions::new().with_range(end))),
         ]);
         let resp = self.txn(what, txn).await?;
-        let gets: Vec<Vec<KeyValue>> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|op| match op {
-                TxnOpResponse::Get(get) => Some(get.kvs().to_vec()),
-                _ => None,
-            })
-            .collect();
-        match gets.as_slice() {
+        match ranges(&resp).as_slice() {
             [lock, entries] => Ok(kinds::seen(keys, lock.first(), entries)),
             _ => Err(NodeFailure::response(
                 &self.addr,
@@ -1086,12 +1078,20 @@ impl Inner {
 /// etcd's default limit on the operations of one transaction (`--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
 
-/// What each `get` of a transaction found, in order.
+/// What each `get` of a transaction found (its first key), in order.
 fn kvs(resp: &TxnResponse) -> Vec<Option<KeyValue>> {
+    ranges(resp)
+        .into_iter()
+        .map(|r| r.into_iter().next())
+        .collect()
+}
+
+/// Every key each `get` (or range) of a transaction found, in order.
+fn ranges(resp: &TxnResponse) -> Vec<Vec<KeyValue>> {
     resp.op_responses()
         .into_iter()
         .filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            TxnOpResponse::Get(get) => Some(get.kvs().to_vec()),
             _ => None,
         })
         .collect()

@@ -3,7 +3,7 @@
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    TxnResponse,
 };
 
 use crate::backend::{Attempt, Mode, Token};
@@ -326,14 +326,7 @@ pub(super) fn outcome(
     queue: bool,
     resp: &TxnResponse,
 ) -> Result<Outcome, &'static str> {
-    let gets: Vec<Vec<KeyValue>> = resp
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get.kvs().to_vec()),
-            _ => None,
-        })
-        .collect();
+    let gets = super::ranges(resp);
     let Some(tag) = Tag::of(mode) else {
         return Err("not a kind of lock");
     };
