@@ -70,22 +70,11 @@ async fn list_and_inspect_show_holders_and_the_queue_of_lock_kinds() {
     let server = RedisServer::start();
     let (locks, others) = (client(&server), client(&server));
     let (cache, queue) = (unique_key("cache"), unique_key("queue"));
-    let _readers = [
-        locks
-            .lock(&cache)
-            .shared(true)
-            .ttl(TTL)
-            .acquire()
-            .await
-            .unwrap(),
-        others
-            .lock(&cache)
-            .shared(true)
-            .ttl(TTL)
-            .acquire()
-            .await
-            .unwrap(),
-    ];
+    let mut readers = Vec::new();
+    for client in [&locks, &others] {
+        let reader = client.lock(&cache).shared(true).ttl(TTL).acquire().await;
+        readers.push(reader.unwrap());
+    }
     let _head = locks
         .lock(&queue)
         .fair(true)
