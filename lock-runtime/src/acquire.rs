@@ -324,10 +324,13 @@ pub(crate) async fn acquire(
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
                 };
-                // Only one node's word: under Redlock a majority must grant it.
-                let one_node = matches!(backend, Backend::One(_));
+                // Only one node's word, and unreplicated: under Redlock a majority must grant
+                // it, and with `min_replicas` the grant must be acknowledged by replicas, so
+                // those ask again (the attempt finds the lock theirs).
+                let take_word =
+                    matches!(backend, Backend::One(_)) && settings.min_replicas.is_none();
                 if let Some(granted) = told
-                    .filter(|_| one_node)
+                    .filter(|_| take_word)
                     .and_then(|t| handed_to_us(req, settings, &token, t, queued_at))
                 {
                     events::acquired(&req.labels, started.elapsed(), attempts, &granted.fences);

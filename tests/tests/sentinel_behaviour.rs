@@ -37,6 +37,41 @@ async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
     guard.release().await.unwrap();
 }
 
+/// `min_replicas(1)` and a fair hand-off: the waiter the lock is handed to still has the grant
+/// acknowledged by a replica before it is granted, so with the replica frozen it is not (taken
+/// from the release's message alone, it would be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_fair_hand_offs_wait_for_the_replica() {
+    let _turn = behaviour::turn("min_replicas_fair_hand_offs_wait_for_the_replica").await;
+    let set = SentinelSet::shared();
+    let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls())
+        .min_replicas(1)
+        .response_timeout(std::time::Duration::from_millis(300));
+    let client = lock_runtime::LockClient::new(config).unwrap();
+    let key = lock_tests::unique_key("sentinel:fair-replicated");
+    let held = client.lock(&key).fair(true).acquire().await.unwrap();
+    let waiter = tokio::spawn(
+        client
+            .lock(&key)
+            .fair(true)
+            .wait(std::time::Duration::from_secs(2))
+            .acquire(),
+    );
+    lock_tests::until_queued(&client, &key, 1).await;
+    set.replica().freeze();
+    let released = held.release().await;
+    let handed =
+        lock_tests::bounded(std::time::Duration::from_secs(20), "the waiter", waiter).await;
+    set.replica().thaw();
+    released.unwrap();
+    match handed.unwrap() {
+        Err(lock_runtime::LockError::Unavailable { causes, .. }) => {
+            assert!(causes[0].detail.contains("min_replicas"), "{causes:?}");
+        }
+        other => panic!("expected Unavailable (no replica acknowledged), got {other:?}"),
+    }
+}
+
 /// No sentinel answers: `Unavailable` saying no sentinel named the master, never `Contended`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_sentinels_are_unavailable_never_contended() {

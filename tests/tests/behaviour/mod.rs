@@ -1085,11 +1085,13 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
     assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
 }
 
-/// Checks that count the commands the servers ran: on a store shared by a whole test binary
-/// (Cluster, Sentinel) they run alone.
-const COUNTING: [&str; 2] = [
+/// Checks that count the commands the servers ran, or freeze a server: on a store shared by a
+/// whole test binary (Cluster, Sentinel) they run alone.
+const COUNTING: [&str; 3] = [
     "reentrant_nested_calls_join",
     "a_fair_hand_off_wakes_the_head_alone",
+    // Not counting, but it freezes the shared replica.
+    "min_replicas_fair_hand_offs_wait_for_the_replica",
 ];
 
 static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
