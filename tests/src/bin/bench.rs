@@ -5,8 +5,12 @@
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
 //!     [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology]
-//!     [--impls crate,hosted,multiplexed,foreign] [--no-fencing]
+//!     [--impls crate,hosted,multiplexed,foreign] [--no-fencing] [--json]
 //! ```
+//!
+//! With `--json` the tables go to stderr and stdout gets one JSON object: `{"figures": {name:
+//! number, ...}}`, the figures behind the tables by name (`pairs.16.ratio`,
+//! `contended.fair.handoff_p50_rt`, ...; `null` for one that was not measured).
 //!
 //! Section 7 includes etcd with the `etcd` feature too: `--features bench,etcd`.
 //!
@@ -103,6 +107,8 @@ struct Opts {
     /// Columns of section 1 to run (all when empty): crate, multiplexed, foreign.
     impls: Vec<String>,
     fencing: bool,
+    /// Tables on stderr, the figures as one JSON object on stdout.
+    json: bool,
 }
 
 impl Opts {
@@ -119,6 +125,7 @@ impl Opts {
             only: Vec::new(),
             impls: Vec::new(),
             fencing: true,
+            json: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -135,10 +142,11 @@ impl Opts {
                 "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
                 "--impls" => opts.impls = value()?.split(',').map(str::to_owned).collect(),
                 "--no-fencing" => opts.fencing = false,
+                "--json" => opts.json = true,
                 "-h" | "--help" => {
                     println!(
                         "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing]"
+                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing] [--json]"
                     );
                     std::process::exit(0);
                 }
@@ -183,6 +191,7 @@ impl Opts {
 
 fn main() -> Res<()> {
     let opts = Opts::parse()?;
+    JSON.store(opts.json, Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -259,8 +268,37 @@ fn main() -> Res<()> {
 
     let _ = writeln!(out, "\nload average at end: {}", loadavg());
     let _ = writeln!(out, "\nSUMMARY: {}", summary.join("; "));
-    print!("{out}");
+    flush(&mut out);
+    if opts.json {
+        println!("{}", figures_json());
+    }
     Ok(())
+}
+
+/// Whether the tables go to stderr (`--json`).
+static JSON: AtomicBool = AtomicBool::new(false);
+/// The figures behind the tables, by name, in the order measured.
+static FIGURES: Mutex<Vec<(String, f64)>> = Mutex::new(Vec::new());
+
+/// Records a figure for `--json`.
+fn figure(name: impl Into<String>, value: f64) {
+    lock(&FIGURES).push((name.into(), value));
+}
+
+/// `{"figures": {...}}`: names are plain ASCII, numbers never use an exponent in Rust's
+/// `Display`, and a figure that was not measured (NaN) is `null`.
+fn figures_json() -> String {
+    let fields: Vec<String> = lock(&FIGURES)
+        .iter()
+        .map(|(name, value)| {
+            if value.is_finite() {
+                format!("\"{name}\": {value}")
+            } else {
+                format!("\"{name}\": null")
+            }
+        })
+        .collect();
+    format!("{{\"figures\": {{{}}}}}", fields.join(", "))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -544,6 +582,18 @@ async fn section_pairs(
         let b2 = rate("foreign", &manager).await?;
         let ratio = a.per_sec / b.per_sec;
         let ratio2 = a2.per_sec / b.per_sec;
+        for (name, r) in [
+            ("crate", a),
+            ("hosted", a2),
+            ("raw", b),
+            ("raw_foreign", b2),
+        ] {
+            figure(format!("pairs.{tasks}.{name}.per_sec"), r.per_sec);
+            figure(format!("pairs.{tasks}.{name}.cpu_us"), r.cpu_us);
+            figure(format!("pairs.{tasks}.{name}.server_cpu_us"), r.server_us);
+        }
+        figure(format!("pairs.{tasks}.ratio"), ratio);
+        figure(format!("pairs.{tasks}.ratio_hosted"), ratio2);
         let _ = writeln!(
             out,
             "   {tasks:>5}  {:>16.0}  {:>16.0}  {:>16.0}  {:>16.0}  {ratio:>6.2}x  {ratio2:>6.2}x",
@@ -777,11 +827,15 @@ async fn section_handoff(
         ms(stats.p50),
         ms(stats.p99)
     ));
+    figure("handoff.async.p50_ms", millis(stats.p50));
+    figure("handoff.async.p99_ms", millis(stats.p99));
     // The threads block on `acquire_blocking`; keep them off this runtime's workers.
     let blocking = tokio::task::block_in_place(|| handoff_blocking(&client, opts))?;
     let stats = Stats::of(blocking);
     let _ = writeln!(out, "   {}", stats.row("blocking (threads)"));
     summary.push(format!("blocking hand-off p50 {}", ms(stats.p50)));
+    figure("handoff.blocking.p50_ms", millis(stats.p50));
+    figure("handoff.blocking.p99_ms", millis(stats.p99));
     Ok(())
 }
 
@@ -818,12 +872,13 @@ async fn section_contended(
     let masters = RedisMasters::start(3);
     let redlock = LockConfig::redlock(masters.urls()).fencing(true);
     let setups = [
-        ("default", LockConfig::single(url), false),
-        ("fair = true", LockConfig::single(url), true),
-        ("Redlock(3)", redlock.clone(), false),
-        ("Redlock(3) fair", redlock, true),
+        ("default", "default", LockConfig::single(url), false),
+        ("fair = true", "fair", LockConfig::single(url), true),
+        ("Redlock(3)", "redlock3", redlock.clone(), false),
+        ("Redlock(3) fair", "redlock3_fair", redlock, true),
     ];
-    for (name, config, fair) in setups {
+    figure("contended.ping_p50_ms", millis(rtt));
+    for (name, id, config, fair) in setups {
         let run = contended(opts, &config, fair).await?;
         let rate = run.len() as f64 / opts.secs.as_secs_f64();
         let (changes, pairs) = sections::owner_changes(&run);
@@ -853,6 +908,17 @@ async fn section_contended(
             changed * 100.0,
             ms(waits.p99),
         );
+        for (what, value) in [
+            ("sections_per_sec", rate),
+            ("handoff_p50_ms", millis(gaps.p50)),
+            ("handoff_p99_ms", millis(gaps.p99)),
+            ("handoff_p50_rt", trips(gaps.p50)),
+            ("owner_changes", changed),
+            ("jain", jain),
+            ("wait_p99_ms", millis(waits.p99)),
+        ] {
+            figure(format!("contended.{id}.{what}"), value);
+        }
         summary.push(format!(
             "contended {name}: {rate:.0} sections/s, hand-off p50 {:.1} RT, owner changes {:.1}%{}",
             trips(gaps.p50),
@@ -1008,6 +1074,8 @@ async fn section_topology(
 async fn section_memory(opts: &Opts, out: &mut String) -> Res<()> {
     let client = LockClient::new(opts.config(LockConfig::in_memory()))?;
     let rate = pairs_per_sec(&Locker::Crate(client), 1, opts).await?;
+    figure("memory.1.per_sec", rate.per_sec);
+    figure("memory.1.cpu_us", rate.cpu_us);
     let _ = writeln!(
         out,
         "\n3. In-memory backend, uncontended acquire+release, 1 task: {:.0} pairs/s ({} per pair)",
@@ -1182,6 +1250,17 @@ async fn section_multi(
         }
         // Cost relative to a one-key lock: how much longer one two-key pair takes.
         let (same, cross) = (rates[0] / rates[1], rates[0] / rates[2]);
+        for (name, rate) in [
+            "one_key",
+            "two_keys_one_slot",
+            "two_keys_two_slots",
+            "two_locks",
+        ]
+        .iter()
+        .zip(&rates)
+        {
+            figure(format!("multi.{tasks}.{name}.per_sec"), *rate);
+        }
         let _ = writeln!(
             out,
             "   {tasks:>5}  {:>12.0}  {:>14.0}  {:>15.0}  {:>15.0}  {same:>10.2}x  {cross:>10.2}x",
@@ -1332,6 +1411,14 @@ fn section_redlock(
     let _ = writeln!(out, "   {}", frozen.row("lock-runtime, 5 nodes, 1 frozen"));
     let ratio = five_stats.p50.as_secs_f64() / single.p50.as_secs_f64();
     let frozen_ratio = frozen.p50.as_secs_f64() / single.p50.as_secs_f64();
+    for (name, stats) in [
+        ("crate_1_node", &single),
+        ("crate_5_nodes", &five_stats),
+        ("crate_5_nodes_1_frozen", &frozen),
+    ] {
+        figure(format!("latency.{name}.p50_ms"), millis(stats.p50));
+        figure(format!("latency.{name}.p99_ms"), millis(stats.p99));
+    }
     let _ = writeln!(
         out,
         "   p50 5 nodes / 1 node: {ratio:.2}x (target <= 1.5x); 1 frozen / 1 node: {frozen_ratio:.2}x"
@@ -1392,12 +1479,21 @@ impl Stats {
     }
 }
 
+/// `d` in milliseconds, for `--json`.
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.3}ms", d.as_secs_f64() * 1e3)
 }
 
 fn flush(out: &mut String) {
-    print!("{out}");
+    if JSON.load(Ordering::Relaxed) {
+        eprint!("{out}");
+    } else {
+        print!("{out}");
+    }
     out.clear();
 }
 
