@@ -139,7 +139,8 @@ impl Lock {
     /// within its `ttl`, one that gives up or is cancelled leaves at once. A release hands the
     /// lock to the first waiter on the server and wakes that waiter alone. One key; every caller
     /// of the key should be fair (an unfair caller can take a free lock ahead of the queue).
-    /// Not on every backend: see the crate docs.
+    /// On every backend; under Redlock the order is the line at the lock's gate node (see the
+    /// crate docs).
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
