@@ -34,15 +34,41 @@ const EXTEND_CHUNK: usize = 512;
 /// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
 /// (or, for fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
 pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
-    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| redis_key(prefix, name, kind))
+    let keys = LockKeys::new(prefix, name);
+    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| keys.of(kind))
 }
 
 /// The Redis key (or channel) of `kind` of the lock `name` under `prefix` (see [`redis_keys`]).
 pub fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
-    let escaped = escape(name);
-    match hash_tag(name) {
-        Some(tag) => [prefix, "{", tag, "}", kind.suffix(), "=", &escaped].concat(),
-        None => [prefix, "{", &escaped, "}", kind.suffix()].concat(),
+    LockKeys::new(prefix, name).of(kind)
+}
+
+/// What every key of one lock shares, so that the name is escaped once for all of them:
+/// `prefix{tag}` before the kind's suffix, and `=escaped-name` after it (nothing when the name
+/// is its own tag).
+pub(crate) struct LockKeys {
+    head: String,
+    tail: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> LockKeys {
+        let escaped = escape(name);
+        match hash_tag(name) {
+            Some(tag) => LockKeys {
+                head: [prefix, "{", tag, "}"].concat(),
+                tail: ["=", &escaped].concat(),
+            },
+            None => LockKeys {
+                head: [prefix, "{", &escaped, "}"].concat(),
+                tail: String::new(),
+            },
+        }
+    }
+
+    /// The key (or channel) of `kind`.
+    pub(crate) fn of(&self, kind: KeyKind) -> String {
+        [&*self.head, kind.suffix(), &*self.tail].concat()
     }
 }
 
@@ -241,8 +267,8 @@ impl Calls {
         redis_keys(&self.prefix, name)
     }
 
-    fn key(&self, name: &str, kind: KeyKind) -> String {
-        redis_key(&self.prefix, name, kind)
+    fn lock_keys(&self, name: &str) -> LockKeys {
+        LockKeys::new(&self.prefix, name)
     }
 
     async fn bounded<T>(
@@ -321,7 +347,7 @@ impl Calls {
                 Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
             };
             for name in item.names {
-                invocation.key(self.key(name, KeyKind::Lock));
+                invocation.key(self.lock_keys(name).of(KeyKind::Lock));
             }
             invocation.arg(item.token.as_str()).arg(millis(item.ttl));
             pipe.invoke_script(&invocation);
@@ -410,11 +436,12 @@ impl Calls {
         conn: &C,
         name: &str,
     ) -> Result<Option<NodeView>, NodeFailure> {
+        let keys = self.lock_keys(name);
         let mut invocation = scripts::INSPECT.prepare_invoke();
         invocation
-            .key(self.key(name, KeyKind::Lock))
-            .key(self.key(name, KeyKind::Fence))
-            .key(self.key(name, KeyKind::QueueLeases));
+            .key(keys.of(KeyKind::Lock))
+            .key(keys.of(KeyKind::Fence))
+            .key(keys.of(KeyKind::QueueLeases));
         let mut conn = conn.clone();
         let reply: Vec<i64> = self
             .bounded("inspect", invocation.invoke_async(&mut conn))
@@ -474,22 +501,23 @@ impl Calls {
         let mut invocation = script.prepare_invoke();
         match mode {
             Mode::Exclusive => {
-                for name in names {
-                    invocation.key(self.key(name, KeyKind::Lock));
+                let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+                for k in &keys {
+                    invocation.key(k.of(KeyKind::Lock));
                 }
-                for name in names {
-                    invocation.key(self.key(name, KeyKind::Fence));
+                for k in &keys {
+                    invocation.key(k.of(KeyKind::Fence));
                 }
             }
             Mode::Fair | Mode::Shared | Mode::Permits(_) => {
-                let name = &names[0];
+                let keys = self.lock_keys(&names[0]);
                 invocation
-                    .key(self.key(name, KeyKind::Lock))
-                    .key(self.key(name, KeyKind::Fence));
+                    .key(keys.of(KeyKind::Lock))
+                    .key(keys.of(KeyKind::Fence));
                 if mode == Mode::Fair {
                     invocation
-                        .key(self.key(name, KeyKind::Queue))
-                        .key(self.key(name, KeyKind::QueueLeases));
+                        .key(keys.of(KeyKind::Queue))
+                        .key(keys.of(KeyKind::QueueLeases));
                 }
             }
         }
@@ -563,9 +591,9 @@ impl Calls {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
-        let channel = |name: &str| {
+        let channel = |keys: &LockKeys| {
             if wake {
-                self.key(name, KeyKind::Released)
+                keys.of(KeyKind::Released)
             } else {
                 String::new()
             }
@@ -576,33 +604,32 @@ impl Calls {
                 invocation = scripts::RELEASE.prepare_invoke();
                 invocation.arg(token.as_str()).arg(self.publish);
                 for name in names {
-                    invocation
-                        .key(self.key(name, KeyKind::Lock))
-                        .arg(channel(name));
+                    let keys = self.lock_keys(name);
+                    invocation.key(keys.of(KeyKind::Lock)).arg(channel(&keys));
                 }
             }
             Mode::Fair => {
                 // Always with its channel: leaving the queue may hand the lock to the next
                 // waiter, who must be woken.
-                let name = &names[0];
+                let keys = self.lock_keys(&names[0]);
                 invocation = scripts::FAIR_RELEASE.prepare_invoke();
                 invocation
-                    .key(self.key(name, KeyKind::Lock))
-                    .key(self.key(name, KeyKind::Fence))
-                    .key(self.key(name, KeyKind::Queue))
-                    .key(self.key(name, KeyKind::QueueLeases))
+                    .key(keys.of(KeyKind::Lock))
+                    .key(keys.of(KeyKind::Fence))
+                    .key(keys.of(KeyKind::Queue))
+                    .key(keys.of(KeyKind::QueueLeases))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(self.key(name, KeyKind::Released));
+                    .arg(keys.of(KeyKind::Released));
             }
             Mode::Shared | Mode::Permits(_) => {
-                let name = &names[0];
+                let keys = self.lock_keys(&names[0]);
                 invocation = scripts::SHARED_RELEASE.prepare_invoke();
                 invocation
-                    .key(self.key(name, KeyKind::Lock))
+                    .key(keys.of(KeyKind::Lock))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(channel(name));
+                    .arg(channel(&keys));
             }
         }
         let mut conn = conn.clone();
