@@ -49,11 +49,15 @@ struct Group {
 }
 
 impl Group {
-    fn purge(&mut self, now: Instant) {
+    /// Drops the leases and the writer's mark that ran out; answers whether anything is left
+    /// (a holder, or a waiting writer's mark that keeps readers out, also once the last reader
+    /// left, so that readers woken by that release with the writer do not get in first).
+    fn purge(&mut self, now: Instant) -> bool {
         self.holders.retain(|_, expires| *expires > now);
         if self.writer_until.is_some_and(|w| w <= now) {
             self.writer_until = None;
         }
+        !self.holders.is_empty() || self.writer_until.is_some()
     }
 
     /// How long until the first lease runs out.
@@ -82,13 +86,10 @@ impl State {
         self.held.get_mut(name)
     }
 
-    /// The live holders of the shared lock or semaphore `name`, if it has any.
     /// `name`'s shared holders or permits without the leases that ran out: none when nobody
     /// holds it, unless a waiting writer's mark still keeps readers out (then with no holders).
     fn group(&mut self, name: &str, now: Instant) -> Option<&mut Group> {
-        let group = self.groups.get_mut(name)?;
-        group.purge(now);
-        if group.holders.is_empty() && group.writer_until.is_none() {
+        if !self.groups.get_mut(name)?.purge(now) {
             self.groups.remove(name);
             return None;
         }
@@ -117,10 +118,7 @@ impl State {
         let size = self.held.len() + self.groups.len() + self.queues.len();
         if size >= 2 * self.swept_at.max(512) {
             self.held.retain(|_, e| e.expires > now);
-            self.groups.retain(|_, g| {
-                g.purge(now);
-                !g.holders.is_empty()
-            });
+            self.groups.retain(|_, g| g.purge(now));
             self.queues.retain(|_, q| {
                 q.retain(|w| w.expires > now);
                 !q.is_empty()
@@ -199,17 +197,14 @@ impl MemoryNode {
             match mode {
                 Mode::Shared | Mode::Permits(_) => {
                     let name = &names[0];
-                    if let Some(group) = state.groups.get_mut(&**name) {
-                        let lease = group.holders.remove(token);
-                        group.purge(now);
-                        // A waiting writer's mark outlives the last reader: readers woken by this
-                        // release with the writer must not get in first.
-                        if group.holders.is_empty() && group.writer_until.is_none() {
-                            state.groups.remove(&**name);
-                        }
-                        if lease.is_some_and(|expires| expires > now) {
-                            released.push(name);
-                        }
+                    let lease = state
+                        .groups
+                        .get_mut(&**name)
+                        .and_then(|g| g.holders.remove(token));
+                    // Drops the group if nothing is left of it.
+                    state.group(name, now);
+                    if lease.is_some_and(|expires| expires > now) {
+                        released.push(name);
                     }
                 }
                 Mode::Exclusive | Mode::Fair => {
