@@ -260,6 +260,10 @@ pub(crate) async fn acquire(
     // When the last attempt that renewed our place in a fair queue started: a lock handed to us
     // lives until that place's lease ends, one ttl after it.
     let mut queued_at = None;
+    // Whether a release's message may stand for the grant: it is one node's word, unreplicated.
+    // Under Redlock a majority must grant it, and with `min_replicas` replicas must acknowledge
+    // it, so those ask again (the attempt finds the lock theirs).
+    let take_word = matches!(backend, Backend::One(_)) && settings.min_replicas.is_none();
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
     let result = loop {
         strategy.before_attempt();
@@ -324,11 +328,6 @@ pub(crate) async fn acquire(
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
                 };
-                // Only one node's word, and unreplicated: under Redlock a majority must grant
-                // it, and with `min_replicas` the grant must be acknowledged by replicas, so
-                // those ask again (the attempt finds the lock theirs).
-                let take_word =
-                    matches!(backend, Backend::One(_)) && settings.min_replicas.is_none();
                 if let Some(granted) = told
                     .filter(|_| take_word)
                     .and_then(|t| handed_to_us(req, settings, &token, t, queued_at))

@@ -44,7 +44,7 @@ struct Shared {
     /// are scheduled from then, however late the driver gets to them.
     joining: Mutex<Vec<(Arc<Hold>, Instant)>>,
     wake: Notify,
-    /// The driver's next wake-up in ms since `epoch` (`u64::MAX`: none).
+    /// The driver's next wake-up in ms since `epoch` (`u64::MAX` until it first runs).
     next_wake_ms: AtomicU64,
     epoch: Instant,
     closed: AtomicBool,

@@ -41,6 +41,7 @@ for i = 1, n do
   elseif type(holder) == 'table' and redis.call('TYPE', KEYS[i]).ok == 'zset' then
     local K = KEYS[i]
     if not redis.call('ZSCORE', K, '#shared') then return {2, i, permits_of(K)} end
+    -- The clock is read here, not at the top as `NOW` does: a plain lock never needs it.
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
