@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockError, LockGuard};
 use lock_tests::{bounded, queued, unique_key, until_queued, wait_until_async};
 
-use super::Fx;
+use super::{Fx, released_to, takes};
 
 const LONG: Duration = Duration::from_secs(10);
 
@@ -149,14 +149,7 @@ pub(crate) async fn fair_lock_is_not_taken_past_the_queue(fx: &Fx) {
         .unwrap();
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
-    fx.a.lock(&key)
-        .fair(true)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    takes(fx.a.lock(&key).fair(true)).await;
 }
 
 /// A waiter whose `wait` runs out, and one whose future is dropped, leave the queue at once: the
@@ -183,15 +176,7 @@ pub(crate) async fn fair_waiters_that_give_up_leave_the_queue(fx: &Fx) {
     cancelled.abort();
     assert!(cancelled.await.is_err());
     until_queued(&fx.b, &key, 1).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (got_at, guard) = bounded(LONG, "the last waiter", last).await.unwrap();
-    let guard = guard.unwrap();
-    assert!(
-        got_at - released < Duration::from_secs(4),
-        "{:?}",
-        got_at - released
-    );
+    let guard = released_to(held, last, Duration::from_secs(4)).await;
     guard.release().await.unwrap();
 }
 
@@ -213,14 +198,7 @@ pub(crate) async fn shared_holders_overlap_and_exclude_a_writer(fx: &Fx) {
     assert!(is_contended(&fx.a.lock(&key).shared(true).acquire().await));
     writer.release().await.unwrap();
     fx.all_free(&[&key]).await;
-    fx.a.lock(&key)
-        .shared(true)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    takes(fx.a.lock(&key).shared(true)).await;
 }
 
 /// A writer that waits for readers keeps new readers out, so a stream of readers cannot starve
@@ -232,25 +210,10 @@ pub(crate) async fn a_waiting_writer_is_not_starved(fx: &Fx) {
     // The writer waits: a new reader is refused although only readers hold the key.
     let late = fx.a.lock(&key).shared(true).acquire().await;
     assert!(is_contended(&late), "{late:?}");
-    let released = Instant::now();
-    reader.release().await.unwrap();
-    let (got_at, guard) = bounded(LONG, "the writer", writer).await.unwrap();
-    let guard = guard.unwrap();
-    assert!(
-        got_at - released < Duration::from_secs(2),
-        "{:?}",
-        got_at - released
-    );
+    let guard = released_to(reader, writer, Duration::from_secs(2)).await;
     guard.release().await.unwrap();
     fx.all_free(&[&key]).await;
-    fx.a.lock(&key)
-        .shared(true)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    takes(fx.a.lock(&key).shared(true)).await;
 }
 
 /// Readers that came while a writer waited are woken by the same release as the writer, and
@@ -324,15 +287,8 @@ pub(crate) async fn permits_admit_up_to_their_count(fx: &Fx) {
     let waiter = fx
         .start_lock_waiter(&key, fx.b.lock(&key).permits(3).wait(LONG))
         .await;
-    let released = Instant::now();
-    held.pop().unwrap().release().await.unwrap();
-    let (got_at, fourth) = bounded(LONG, "the waiter", waiter).await.unwrap();
-    let fourth = fourth.unwrap();
-    assert!(
-        got_at - released < Duration::from_secs(2),
-        "{:?}",
-        got_at - released
-    );
+    let returned = held.pop().unwrap();
+    let fourth = released_to(returned, waiter, Duration::from_secs(2)).await;
     for guard in held {
         guard.release().await.unwrap();
     }

@@ -205,9 +205,6 @@ impl Fx {
         waiting
     }
 
-    /// Starts `waiter` (a lock of `b` that waits, blocked on `blocked_on`), releases `held`, and
-    /// returns the waiter's guard, checking it was woken by the release: its next attempt was due
-    /// 2.5s or more later ([`RETRY_DELAY`]).
     /// [`start_waiter`](Self::start_waiter) for `lock.acquire()`; the task answers when the
     /// acquire returned, and what it returned.
     async fn start_lock_waiter(
@@ -222,16 +219,12 @@ impl Fx {
         .await
     }
 
+    /// Starts `waiter` (a lock of `b` that waits, blocked on `blocked_on`), releases `held`, and
+    /// returns the waiter's guard, checking it was woken by the release: its next attempt was due
+    /// 2.5s or more later ([`RETRY_DELAY`]).
     async fn hand_off(&self, held: LockGuard, blocked_on: &str, waiter: Lock) -> LockGuard {
         let waiter = self.start_lock_waiter(blocked_on, waiter).await;
-        let released_at = Instant::now();
-        held.release().await.unwrap();
-        let (got_at, guard) = waiter.await.unwrap();
-        let guard = guard.unwrap();
-        assert!(got_at >= released_at);
-        eprintln!("hand-off after release: {:?}", got_at - released_at);
-        assert!(got_at - released_at < Duration::from_secs(2));
-        guard
+        released_to(held, waiter, Duration::from_secs(2)).await
     }
 
     /// Waits (bounded) until no node has the lock key of `key` any more, then until `b` can take
@@ -297,13 +290,7 @@ pub(crate) async fn acquire_release(fx: &Fx) {
     })
     .await;
     // Free again: the next acquisition succeeds at once.
-    fx.b.lock(&key)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    takes(fx.b.lock(&key)).await;
 }
 
 pub(crate) async fn contention_error_and_waited(fx: &Fx) {
@@ -486,6 +473,34 @@ pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     assert!(guard.is_lost());
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     assert_eq!(fx.holders(&key), 0);
+}
+
+/// Releases `held` and returns the guard `waiter` (from [`Fx::start_lock_waiter`]) got, checking
+/// that it got it after the release and less than `within` after it.
+async fn released_to(
+    held: LockGuard,
+    waiter: tokio::task::JoinHandle<(Instant, Result<LockGuard, LockError>)>,
+    within: Duration,
+) -> LockGuard {
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (got_at, guard) = bounded(Duration::from_secs(10), "the waiter", waiter)
+        .await
+        .unwrap();
+    let guard = guard.unwrap();
+    assert!(got_at >= released_at);
+    eprintln!("hand-off after release: {:?}", got_at - released_at);
+    assert!(
+        got_at - released_at < within,
+        "got it {:?} after the release",
+        got_at - released_at
+    );
+    guard
+}
+
+/// Takes `lock` and lets it go at once: the key is free for it.
+async fn takes(lock: Lock) {
+    lock.acquire().await.unwrap().release().await.unwrap();
 }
 
 /// Commands of the lock protocol a node has run so far (scripts, plain key commands, pub/sub),
