@@ -170,14 +170,9 @@ impl Engine {
                     format!("a {mode} lock takes one key"),
                 ));
             }
-            let field = match mode {
-                Mode::Fair => "fair",
-                Mode::Shared => "shared",
-                _ => "permits",
-            };
             self.backend
                 .supports(mode)
-                .map_err(|reason| LockError::config(field, reason))?;
+                .map_err(|reason| LockError::config(mode.argument(), reason))?;
         }
         let names: Names = keys.into_iter().map(Arc::from).collect();
         let labels = Labels {

@@ -141,6 +141,18 @@ pub(crate) enum Mode {
     Permits(u32),
 }
 
+impl Mode {
+    /// The argument a `Config` error about this mode names. An exclusive caller only ever
+    /// clashes with a semaphore, so its errors name `permits`.
+    pub(crate) fn argument(self) -> &'static str {
+        match self {
+            Mode::Fair => "fair",
+            Mode::Shared => "shared",
+            Mode::Permits(_) | Mode::Exclusive => "permits",
+        }
+    }
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -234,14 +246,8 @@ impl Attempt {
             0 => "a shared (read/write) lock".to_owned(),
             n => format!("a semaphore with permits = {n}"),
         };
-        let field = match mode {
-            Mode::Permits(_) => "permits",
-            Mode::Shared => "shared",
-            Mode::Fair => "fair",
-            Mode::Exclusive => "permits",
-        };
         Attempt::Mismatch {
-            field,
+            field: mode.argument(),
             reason: format!(
                 "key {key:?} is used as {theirs} by its other callers; this call asks for a {mode} \
                  lock: every caller of a key must use it the same way"
