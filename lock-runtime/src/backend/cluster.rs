@@ -269,11 +269,6 @@ impl Node for ClusterNode {
         })
     }
 
-    fn supports(&self, _: Mode) -> Result<(), String> {
-        // Fair, shared and permit locks take one key: one slot, one script call.
-        Ok(())
-    }
-
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],

@@ -1237,11 +1237,6 @@ impl Drop for Unwatch {
 }
 
 impl Node for EtcdNode {
-    fn supports(&self, _: Mode) -> Result<(), String> {
-        // Every kind: see the layout at the top of this file.
-        Ok(())
-    }
-
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],

@@ -520,10 +520,6 @@ impl Node for MemoryNode {
         Box::pin(std::future::ready(Ok(held)))
     }
 
-    fn supports(&self, _: Mode) -> Result<(), String> {
-        Ok(())
-    }
-
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],

@@ -36,10 +36,6 @@ pub(crate) type Names = Arc<[Arc<str>]>;
 /// One lock server. Every method is one request (one script call per Redis node), bounded by the
 /// node's own request timeout, and covers every key of a lock at once.
 pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
-    /// Whether this node can hold locks of `mode`; `Err` says why not (a `Config` error for the
-    /// caller).
-    fn supports(&self, mode: Mode) -> Result<(), String>;
-
     /// Takes every key of `names` for `token`, or none; refreshes those `token` already holds (a
     /// retry after an unknown outcome answers "ours" rather than "held").
     fn acquire<'a>(
@@ -295,11 +291,12 @@ impl Backend {
         }
     }
 
-    /// Whether locks of `mode` can be held here.
+    /// Whether locks of `mode` can be held here; `Err` says why not (a `Config` error for the
+    /// caller). Every single node offers every kind; Redlock refuses semaphores.
     pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
         match self {
-            Backend::One(node) => node.supports(mode),
-            Backend::Quorum(quorum) => quorum.supports(mode),
+            Backend::One(_) => Ok(()),
+            Backend::Quorum(_) => Quorum::supports(mode),
         }
     }
 

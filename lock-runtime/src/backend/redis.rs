@@ -695,10 +695,6 @@ impl Node for RedisNode {
         Box::pin(self.calls.force_release(&self.conn, name))
     }
 
-    fn supports(&self, _: Mode) -> Result<(), String> {
-        Ok(())
-    }
-
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],

@@ -238,11 +238,9 @@ impl Quorum {
     /// waiters ask the gate first and line up there, so the gate's line is the order. A waiter
     /// that wins a minority (the lines disagree) withdraws, which passes those nodes on and puts
     /// it at the back of their lines. Semaphores are not offered: see the message.
-    pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
+    pub(crate) fn supports(mode: Mode) -> Result<(), String> {
         match mode {
-            Mode::Exclusive | Mode::Shared | Mode::Fair => {
-                self.nodes.iter().try_for_each(|node| node.supports(mode))
-            }
+            Mode::Exclusive | Mode::Shared | Mode::Fair => Ok(()),
             Mode::Permits(_) => Err(
                 "Redlock cannot offer a semaphore safely: each node counts its own holders, and \
                  with more than one permit, more holders than permits can each win a different \

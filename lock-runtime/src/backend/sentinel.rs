@@ -284,10 +284,6 @@ impl Node for SentinelNode {
         )
     }
 
-    fn supports(&self, _: Mode) -> Result<(), String> {
-        Ok(())
-    }
-
     fn acquire<'a>(
         &'a self,
         names: &'a [Arc<str>],
