@@ -351,9 +351,12 @@ impl EtcdCluster {
         }
     }
 
-    /// How many watchers member 0 serves (all clients, all keys).
+    /// How many watchers the members serve together (all clients, all keys): a client watches
+    /// through the member it prefers, which moves on from one that was slow to answer.
     pub fn watchers(&self) -> u64 {
-        self.metric(0, "etcd_debugging_mvcc_watcher_total", "") as u64
+        (0..self.members.len())
+            .map(|i| self.metric(i, "etcd_debugging_mvcc_watcher_total", "") as u64)
+            .sum()
     }
 
     /// The sum of a Prometheus counter or gauge over member `i`'s series whose labels contain

@@ -171,7 +171,7 @@ impl Fx {
     {
         let mut waiter = Box::pin(waiter);
         if let Some(cluster) = self.etcd_cluster() {
-            // etcd counts watchers per member, not per key: on a shared member another test's
+            // etcd counts watchers per member (summed here), not per key: on a shared cluster another test's
             // watcher can satisfy this early; the waiter then still retries right after its own
             // watch is confirmed, so a release is never missed, only less strictly timed. A
             // watcher that was ending (an earlier waiter's, which etcd drops a moment after its
