@@ -176,13 +176,23 @@ impl Fx {
             // watch is confirmed, so a release is never missed, only less strictly timed. A
             // watcher that was ending (an earlier waiter's, which etcd drops a moment after its
             // stream closed) would hide the new one: count from the fewest seen.
+            // The bound is wide: three members that fsync every write answer slowly on a loaded
+            // machine, and a waiter only watches once its first attempt was refused.
             let mut fewest = cluster.watchers();
             let waiting = tokio::spawn(waiter);
-            wait_until_async(Duration::from_secs(5), "the waiter watches the key", || {
-                let now = cluster.watchers();
-                fewest = fewest.min(now);
-                now > fewest
-            })
+            wait_until_async(
+                Duration::from_secs(15),
+                "the waiter watches the key",
+                || {
+                    assert!(
+                        !waiting.is_finished(),
+                        "the waiter did not wait for a held lock"
+                    );
+                    let now = cluster.watchers();
+                    fewest = fewest.min(now);
+                    now > fewest
+                },
+            )
             .await;
             return waiting;
         }
