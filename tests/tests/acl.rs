@@ -10,25 +10,51 @@ use lock_tests::{RedisServer, ServerOptions};
 /// The least-privilege ACL user the README documents: its scripts, pub/sub on its channels, keys
 /// and channels under its prefix.
 const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
-     +evalsha +eval +script|load +subscribe +unsubscribe +ping +select \
+     +evalsha +eval +script|load +subscribe +unsubscribe +ping +select +multi +exec \
      +set +get +del +incr +pexpire +pttl +publish +time +type +exists +zadd +zrem +zscore +zcard \
      +zcount +zrange +zrangebyscore +zremrangebyscore";
 
-fn server() -> RedisServer {
+fn server_with(rule: &str) -> RedisServer {
     RedisServer::start_with(ServerOptions {
-        acl_rules: vec![ACL_RULE.to_owned()],
+        acl_rules: vec![rule.to_owned()],
         ..ServerOptions::default()
     })
 }
 
-fn fixture() -> behaviour::Fx {
-    let server = server();
+fn server() -> RedisServer {
+    server_with(ACL_RULE)
+}
+
+fn fixture_with(rule: &str) -> behaviour::Fx {
+    let server = server_with(rule);
     let url = server.url_as("locker", "lockpw");
     behaviour::Fx::new(LockConfig::single(url), vec![server])
 }
 
+fn fixture() -> behaviour::Fx {
+    fixture_with(ACL_RULE)
+}
+
 behaviour_tests!(fixture());
 kind_tests!(fixture());
+
+/// The rule as documented before plain locks were taken with MULTI/EXEC: the server refuses the
+/// transaction (and runs its commands on their own), and the client takes the script instead.
+mod without_transactions {
+    use super::{ACL_RULE, behaviour, fixture_with};
+    use crate::behaviour_tests;
+
+    behaviour_tests!(fixture_with(&ACL_RULE.replace(" +multi +exec", "")));
+}
+
+/// MULTI allowed but not EXEC: the refused EXEC leaves the connection inside the transaction,
+/// which the client ends before it takes the script.
+mod without_exec {
+    use super::{ACL_RULE, behaviour, fixture_with};
+    use crate::behaviour_tests;
+
+    behaviour_tests!(fixture_with(&ACL_RULE.replace(" +exec", "")));
+}
 
 #[tokio::test]
 async fn a_prefix_outside_the_acl_is_a_permission_error() {
@@ -41,5 +67,39 @@ async fn a_prefix_outside_the_acl_is_a_permission_error() {
             assert_eq!(causes[0].kind, FailureKind::Permission, "{causes:?}");
         }
         other => panic!("expected a permission failure, got {other:?}"),
+    }
+}
+
+/// How many MULTIs reached the server, run or refused.
+fn transactions_tried(server: &RedisServer) -> u64 {
+    let stats = server.info("commandstats");
+    let Some(line) = stats.lines().find_map(|l| l.strip_prefix("cmdstat_multi:")) else {
+        return 0;
+    };
+    line.split(',')
+        .filter_map(|field| field.split_once('='))
+        .filter(|(name, _)| matches!(*name, "calls" | "rejected_calls"))
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Where the ACL refuses MULTI or EXEC, a client tries one transaction, then takes the script for
+/// good (it does not pay a refused transaction on every attempt); every lock still works.
+#[tokio::test]
+async fn a_refused_transaction_is_tried_once() {
+    for missing in [" +multi", " +exec"] {
+        let server = server_with(&ACL_RULE.replace(missing, ""));
+        let client =
+            LockClient::new(LockConfig::single(server.url_as("locker", "lockpw"))).unwrap();
+        let key = lock_tests::unique_key("acl:refused");
+        let mut last = 0;
+        for _ in 0..5 {
+            let guard = client.lock(&key).acquire().await.unwrap();
+            let fence = guard.fencing_token().unwrap();
+            assert!(fence > last, "without{missing}: fence {fence} after {last}");
+            last = fence;
+            guard.release().await.unwrap();
+        }
+        assert_eq!(transactions_tried(&server), 1, "without{missing}");
     }
 }

@@ -717,6 +717,53 @@ async fn fencing_tokens_grow_after_the_counter_is_deleted() {
             .query(&mut server.admin())
             .unwrap();
     }
+    // Rounds 2 to 4 took the transaction, whose `INCR` found no counter and seeded it.
+    assert_eq!(server.command_calls("multi"), 3);
+}
+
+/// A plain lock's attempt is a transaction that counts the fence on even when it is refused the
+/// lock. With the counter lost, refused attempts leave a small count behind, and the next grant
+/// (here through the script, by a client new to the name) must still raise it to the clock.
+#[tokio::test]
+async fn refused_transactions_leave_no_unseeded_counter_behind() {
+    let server = RedisServer::start();
+    let [a, b, c] = [(); 3].map(|()| client(LockConfig::single(server.url())));
+    let key = unique_key("life:fence-refused");
+    // `a` learns that the name has a counter, so its next attempts take the transaction.
+    let guard = a.lock(&key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let held = b.lock(&key).acquire().await.unwrap();
+    let before = held.fencing_token().unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(fence_key(&key))
+        .query(&mut server.admin())
+        .unwrap();
+    let transactions = server.command_calls("multi");
+    for _ in 0..3 {
+        let refused = a.lock(&key).acquire().await;
+        assert!(
+            refused.as_ref().is_err_and(LockError::is_contended),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        server.command_calls("multi") - transactions,
+        3,
+        "a's attempts were transactions"
+    );
+    let count: i64 = redis::cmd("GET")
+        .arg(fence_key(&key))
+        .query(&mut server.admin())
+        .unwrap();
+    assert_eq!(
+        count, 3,
+        "the refused attempts counted the lost counter on from 0"
+    );
+    held.release().await.unwrap();
+    let guard = c.lock(&key).acquire().await.unwrap();
+    let token = guard.fencing_token().unwrap();
+    guard.release().await.unwrap();
+    assert!(token > before, "token {token} not above {before}");
 }
 
 /// The first attempt lands late (its reply times out), the counter is evicted, and the retry with

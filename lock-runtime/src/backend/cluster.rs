@@ -131,6 +131,7 @@ impl ClusterNode {
                 format!("cluster({})", names.join(", ")),
                 settings,
                 "SPUBLISH",
+                false,
             ),
             client,
             conn: OnceCell::new(),

@@ -162,25 +162,33 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 
 /// Lua that defines `grant_fence(k, ours)`: the fencing token of a grant for fence counter `k`
 /// (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the current value;
-/// a new grant counts on. A counter that does not exist (first grant of the key, evicted, or
-/// Redis restarted without its data) starts from the server's clock in microseconds, so it still
+/// a new grant counts on. A counter below [`SEEDED`](super::redis::SEEDED) was never seeded: it
+/// did not exist (first grant of the key, evicted, or Redis restarted without its data) until
+/// this `INCR` or the `INCR`s of transactions that were refused the lock (see
+/// `Calls::acquire_plain`). It is raised to the server's clock in microseconds, so it still
 /// exceeds every token handed out before.
 const FENCE: &str = r"
 local function new_fence(k)
   local f = redis.call('INCR', k)
-  if f == 1 then
+  if f < 1e15 then
     local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    f = math.max(f, tonumber(t[1]) * 1000000 + tonumber(t[2]))
     redis.call('SET', k, f)
   end
   return f
 end
 local function grant_fence(k, ours)
   if ARGV[3] ~= '1' then return 0 end
-  if ours then return tonumber(redis.call('GET', k) or '') or new_fence(k) end
+  local f = ours and tonumber(redis.call('GET', k) or '')
+  if f and f >= 1e15 then return f end
   return new_fence(k)
 end
 ";
+
+/// KEYS: fence. The fencing token of a grant whose transaction's `INCR` found the counter
+/// unseeded (see [`FENCE`]): counts on and seeds it. Only the lock's holder calls it.
+pub(crate) static SEED_FENCE: LazyLock<Script> =
+    LazyLock::new(|| script(&["#!lua\n", FENCE, "return new_fence(KEYS[1])\n"]));
 
 /// Lua that defines `permits_of(k)`: the permit count of the shared lock or semaphore at `k`
 /// (0 for a shared lock), from its `+inf` member.
