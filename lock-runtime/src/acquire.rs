@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::signal::Signal;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Ask, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token};
 use crate::config::Settings;
@@ -241,13 +241,13 @@ fn cap(now: Instant, d: Duration, until: Option<Instant>) -> Instant {
 }
 
 /// Acquires `req` on `backend`, waiting with `strategy` while someone else holds it, until
-/// `req.give_up` or until `caller_gone` is cancelled.
+/// `req.give_up` or until `caller_gone` is raised.
 pub(crate) async fn acquire(
     backend: &Backend,
     settings: &Settings,
     req: &Request,
     strategy: &mut dyn WaitStrategy,
-    caller_gone: &CancellationToken,
+    caller_gone: &Signal,
 ) -> Ended {
     let token = Token::new();
     let started = Instant::now();
@@ -324,7 +324,7 @@ pub(crate) async fn acquire(
                 let until = Some(cap(now, req.ttl / 3, req.give_up));
                 let told = tokio::select! {
                     told = strategy.pause(pttl, ticket, until) => told,
-                    () = caller_gone.cancelled() => {
+                    () = caller_gone.raised() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
                 };
@@ -359,7 +359,7 @@ pub(crate) async fn acquire(
         let until = cap(now, backoff.next_delay(), req.give_up);
         tokio::select! {
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => {}
-            () = caller_gone.cancelled() => {
+            () = caller_gone.raised() => {
                 return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
             }
         }

@@ -10,16 +10,16 @@
 //!   may have shut down (its timers would then panic), so there the work runs as a task.
 //! - [`run_blocking`]: from sync code; blocks this thread, never the hosting runtime.
 //! - Work started by either is never cut off halfway: if the caller goes away, the work is told
-//!   through its [`CancellationToken`] and finishes on the hosting runtime.
+//!   through its [`Signal`] and finishes on the hosting runtime.
 
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, ready};
 
 use tokio::runtime::{Handle, Runtime};
-use tokio_util::sync::CancellationToken;
 
 use crate::LockError;
+use crate::signal::Signal;
 
 /// Connections, renewal and releases live here unless the config names a runtime, so locks keep
 /// working across `#[tokio::test]` runtimes, from plain `main`, and from sync code inside async
@@ -43,32 +43,32 @@ pub(crate) fn library_runtime() -> Result<&'static Handle, LockError> {
     }
 }
 
-/// Runs `work` on `runtime` for an async caller. `work` gets a token that is cancelled when the
+/// Runs `work` on `runtime` for an async caller. `work` gets a signal that is raised when the
 /// caller stops waiting (its future dropped); it then still runs to its end on `runtime`.
 pub(crate) async fn run<T, F>(
     runtime: &Handle,
-    work: impl FnOnce(CancellationToken) -> F,
+    work: impl FnOnce(Arc<Signal>) -> F,
 ) -> Result<T, LockError>
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let gone = CancellationToken::new();
+    let gone = Arc::new(Signal::default());
     if !(on(runtime) || is_library(runtime)) {
         // A runtime the caller gave us, seen from outside: it may have shut down, and then its
         // timers would panic; a task there fails cleanly instead.
-        let work = work(gone.clone());
+        let work = work(Arc::clone(&gone));
         let (tx, rx) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
             // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
             let _ = tx.send(work.await);
         });
-        let _cancel_on_drop = gone.drop_guard();
+        let _cancel_on_drop = RaiseOnDrop(gone);
         return rx.await.map_err(|_| stopped());
     }
     let work = {
         let _context = runtime.enter();
-        work(gone.clone())
+        work(Arc::clone(&gone))
     };
     Ok(InPlace {
         work: Some(Box::pin(work)),
@@ -116,13 +116,22 @@ fn stopped() -> LockError {
 }
 
 /// Runs `work` in place with `runtime`'s context entered around each poll; if dropped before it
-/// finishes, `gone` is cancelled and the rest runs as a task on `runtime`, so a request already
+/// finishes, `gone` is raised and the rest runs as a task on `runtime`, so a request already
 /// sent is never cut off halfway. Whatever the caller no longer takes (say a guard) is then
 /// dropped on the runtime.
 struct InPlace<F: Future<Output: Send> + Send + 'static> {
     work: Option<Pin<Box<F>>>,
     runtime: Handle,
-    gone: CancellationToken,
+    gone: Arc<Signal>,
+}
+
+/// Raises its signal when dropped: the caller stopped waiting.
+struct RaiseOnDrop(Arc<Signal>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.raise();
+    }
 }
 
 impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
@@ -145,7 +154,7 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
 impl<F: Future<Output: Send> + Send + 'static> Drop for InPlace<F> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            self.gone.cancel();
+            self.gone.raise();
             self.runtime.spawn(async move {
                 drop(work.await);
             });

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::signal::Signal;
 use tokio::runtime::Handle;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
@@ -191,12 +191,12 @@ impl Engine {
         })
     }
 
-    /// Acquires on the hosting runtime. When `caller_gone` is cancelled, waiting stops; a grant
+    /// Acquires on the hosting runtime. When `caller_gone` is raised, waiting stops; a grant
     /// that nobody takes any more is released by the caller's side (the guard's drop).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: Request,
-        caller_gone: CancellationToken,
+        caller_gone: Arc<Signal>,
     ) -> Result<Arc<Hold>, LockError> {
         let mut strategy =
             NotifyOrBackoff::new(&self.backend, &self.wakers, &req.names, &self.settings);

@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use crate::signal::Signal;
 
 use crate::acquire::{Granted, Request};
 use crate::backend::{Backend, Mode, Names, Token};
@@ -48,15 +48,14 @@ pub(crate) struct Hold {
     /// The validity deadline: the lock is ours until then, as far as the last confirmed grant or
     /// renewal shows. Only moves forward.
     valid_until: AtomicU64,
-    /// Cancelled when the lock is declared lost.
-    lost: CancellationToken,
+    /// Raised when the lock is declared lost.
+    lost: Signal,
     /// The key that was lost (index into `names`).
     lost_key: AtomicUsize,
     /// Set by the first `declare_lost`.
     lost_declared: AtomicBool,
-    /// Cancelled when the holder must stop: the lock was lost (a child of `lost`) or `max_hold`
-    /// passed.
-    stop: CancellationToken,
+    /// Raised when the holder must stop: the lock was lost (with `lost`) or `max_hold` passed.
+    stop: Signal,
     max_hold_passed: AtomicBool,
     /// Set when the holder lets go (release, drop, shutdown): renewal stops.
     released: AtomicBool,
@@ -70,7 +69,6 @@ pub(crate) struct Hold {
 impl Hold {
     pub(crate) fn new(req: Request, granted: Granted) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let lost = CancellationToken::new();
         Hold {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             names: req.names,
@@ -81,8 +79,8 @@ impl Hold {
             acquired_at: Instant::now(),
             max_hold: req.max_hold,
             valid_until: AtomicU64::new(to_nanos(granted.valid_until)),
-            stop: lost.child_token(),
-            lost,
+            stop: Signal::default(),
+            lost: Signal::default(),
             lost_key: AtomicUsize::new(0),
             lost_declared: AtomicBool::new(false),
             max_hold_passed: AtomicBool::new(false),
@@ -116,7 +114,7 @@ impl Hold {
 
     /// Whether the lock is lost: declared so, or past its validity deadline (then declared now).
     pub(crate) fn check_lost(&self) -> bool {
-        if self.lost.is_cancelled() {
+        if self.lost.is_raised() {
             return true;
         }
         if Instant::now() >= self.valid_until() {
@@ -137,7 +135,13 @@ impl Hold {
             let _in_span = self.span.enter();
             events::lost(&self.labels, self.lost_name(), why);
         }
-        self.lost.cancel();
+        self.raise_lost();
+    }
+
+    /// Tells the holder that the lock is lost, which also means it must stop.
+    fn raise_lost(&self) {
+        self.lost.raise();
+        self.stop.raise();
     }
 
     /// The key named in `Lost`.
@@ -151,7 +155,7 @@ impl Hold {
         if self.max_hold_passed.swap(true, Ordering::AcqRel) || self.is_released() {
             return;
         }
-        self.stop.cancel();
+        self.stop.raise();
         let _in_span = self.span.enter();
         events::max_hold(self.name(), self.max_hold.unwrap_or_default());
     }
@@ -161,17 +165,17 @@ impl Hold {
     }
 
     pub(crate) fn is_declared_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        self.lost.is_raised()
     }
 
     /// Resolves once the lock is declared lost.
-    pub(crate) fn lost(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
-        self.lost.cancelled()
+    pub(crate) async fn lost(&self) {
+        self.lost.raised().await;
     }
 
     /// Resolves once the holder must stop: lost, or `max_hold` passed.
-    pub(crate) fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
-        self.stop.cancelled()
+    pub(crate) async fn stopped(&self) {
+        self.stop.raised().await;
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -223,7 +227,7 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
                 hold.name(),
                 "found taken or expired at release",
             );
-            hold.lost.cancel();
+            hold.raise_lost();
             Err(hold.lost_error())
         }
         Err(causes) => Err(LockError::Unavailable {

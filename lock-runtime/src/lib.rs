@@ -353,6 +353,7 @@ mod info;
 mod lock;
 mod renew;
 mod scope;
+mod signal;
 mod wait;
 
 #[doc(hidden)]

@@ -267,9 +267,7 @@ impl Lock {
         let runtime = engine.runtime.clone();
         let span = req.span.clone();
         let work = async move {
-            let hold = engine
-                .acquire(req, tokio_util::sync::CancellationToken::new())
-                .await?;
+            let hold = engine.acquire(req, Arc::default()).await?;
             Ok(LockGuard::new(engine, hold))
         };
         bridge::run_blocking(&runtime, work.instrument(span))?
