@@ -40,6 +40,8 @@ pub(crate) struct Granted {
     /// One per key with fencing, else empty.
     pub(crate) fences: Vec<u64>,
     pub(crate) valid_until: Instant,
+    /// When the grant was seen (the hold's start).
+    pub(crate) at: Instant,
 }
 
 /// How an acquisition ended, and whether a grant may sit on a server unseen (an attempt whose
@@ -268,7 +270,12 @@ pub(crate) async fn acquire(
     let result = loop {
         strategy.before_attempt();
         attempts += 1;
-        let attempt_start = Instant::now();
+        // The first attempt starts when the acquire did (one clock read fewer).
+        let attempt_start = if attempts == 1 {
+            started
+        } else {
+            Instant::now()
+        };
         let ask = Ask {
             ttl: req.ttl,
             fencing: req.fencing,
@@ -290,6 +297,7 @@ pub(crate) async fn acquire(
                         token: token.clone(),
                         fences,
                         valid_until,
+                        at: now,
                     });
                 }
                 // Granted too slowly to be of use: not a success.
@@ -386,7 +394,8 @@ fn handed_to_us(
         return None;
     }
     let valid_until = queued_at? + req.ttl.saturating_sub(settings.drift(req.ttl));
-    (valid_until > Instant::now()).then(|| Granted {
+    let now = Instant::now();
+    (valid_until > now).then(|| Granted {
         token: token.clone(),
         fences: if req.fencing {
             vec![told.fence]
@@ -394,6 +403,7 @@ fn handed_to_us(
             Vec::new()
         },
         valid_until,
+        at: now,
     })
 }
 

@@ -10,7 +10,7 @@
 //! the rendered key, so their number stays bounded) and `backend`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{LockError, NodeFailure};
 
@@ -108,17 +108,18 @@ pub(crate) fn max_hold(name: &str, max_hold: Duration) {
     );
 }
 
-/// A hold ended (released, or given up after a loss): once per hold.
-pub(crate) fn ended(labels: &Labels, held_for: Duration) {
+/// A hold ended (released, or given up after a loss): once per hold. `acquired_at`: the clock
+/// is read only with metrics on.
+pub(crate) fn ended(labels: &Labels, acquired_at: Instant) {
     #[cfg(feature = "metrics")]
     {
         metrics::histogram!("lock_hold_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
-            .record(held_for.as_secs_f64());
+            .record(acquired_at.elapsed().as_secs_f64());
         metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend)
             .decrement(1.0);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (labels, held_for);
+    let _ = (labels, acquired_at);
 }
 
 pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
@@ -130,8 +131,9 @@ pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
     }
 }
 
-pub(crate) fn released(held_for: Duration) {
-    tracing::debug!(?held_for, "lock released");
+/// `acquired_at`: the clock is read only when the event is recorded.
+pub(crate) fn released(acquired_at: Instant) {
+    tracing::debug!(held_for = ?acquired_at.elapsed(), "lock released");
 }
 
 pub(crate) fn release_failed(name: &str, err: &LockError) {

@@ -76,7 +76,7 @@ impl Hold {
             ttl: req.ttl,
             mode: req.mode,
             fences: granted.fences,
-            acquired_at: Instant::now(),
+            acquired_at: granted.at,
             max_hold: req.max_hold,
             valid_until: AtomicU64::new(to_nanos(granted.valid_until)),
             stop: Signal::default(),
@@ -98,6 +98,11 @@ impl Hold {
 
     pub(crate) fn valid_until(&self) -> Instant {
         from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// When the lock was granted.
+    pub(crate) fn acquired_at(&self) -> Instant {
+        self.acquired_at
     }
 
     /// When `max_hold` passes, if set.
@@ -206,7 +211,7 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
         .release(&hold.names, &hold.token, hold.mode, true)
         .await;
     if !hold.ended.swap(true, Ordering::AcqRel) {
-        events::ended(&hold.labels, hold.acquired_at.elapsed());
+        events::ended(&hold.labels, hold.acquired_at);
     }
     match outcome {
         _ if was_lost => {
@@ -216,7 +221,7 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
             Err(hold.lost_error())
         }
         Ok(true) => {
-            events::released(hold.acquired_at.elapsed());
+            events::released(hold.acquired_at);
             Ok(())
         }
         Ok(false) => {
@@ -275,6 +280,7 @@ mod tests {
             token: Token::new(),
             fences: vec![1, 2],
             valid_until: Instant::now() + Duration::from_secs(30),
+            at: Instant::now(),
         };
         let req = Request {
             names,
