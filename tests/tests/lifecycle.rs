@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::__private::redis_keys;
-use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
+use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     BusyScript, FaultProxy, LoadingServer, RedisMasters, RedisServer, await_waiter, bounded,
     eventually, key_exists, lock_keys, unique_key,
@@ -764,6 +764,48 @@ async fn refused_transactions_leave_no_unseeded_counter_behind() {
     let token = guard.fencing_token().unwrap();
     guard.release().await.unwrap();
     assert!(token > before, "token {token} not above {before}");
+}
+
+/// A fence counter that is not a number gives no fencing token, so no lock: on the transaction
+/// path (a client that has taken the name before) as on the script's, the acquire fails as
+/// unavailable and leaves no lock behind; once the counter is gone the name works again.
+#[tokio::test]
+async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
+    let server = RedisServer::start();
+    let [seen, fresh] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let key = unique_key("life:fence-garbage");
+    let guard = seen.lock(&key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(fence_key(&key))
+        .arg("not a number")
+        .query(&mut server.admin())
+        .unwrap();
+    let transactions = server.command_calls("multi");
+    for (who, locks) in [("transaction", &seen), ("script", &fresh)] {
+        match locks.lock(&key).acquire().await {
+            Err(LockError::Unavailable { causes, .. }) => {
+                assert_eq!(causes[0].kind, FailureKind::Response, "{who}: {causes:?}");
+            }
+            other => panic!("{who}: expected unavailable, got {other:?}"),
+        }
+        assert!(
+            !key_exists(&server, &lock_keys(&key).lock),
+            "{who}: a lock without a fence was left behind"
+        );
+    }
+    assert_eq!(
+        server.command_calls("multi") - transactions,
+        1,
+        "the first try was a transaction"
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(fence_key(&key))
+        .query(&mut server.admin())
+        .unwrap();
+    let guard = seen.lock(&key).acquire().await.unwrap();
+    assert!(guard.fencing_token().is_some());
+    guard.release().await.unwrap();
 }
 
 /// The first attempt lands late (its reply times out), the counter is evicted, and the retry with

@@ -751,33 +751,43 @@ impl Calls {
                     .await
                 {
                     Ok(f) => vec![f],
-                    // The lock is ours, its fence unknown: the caller releases it when the
-                    // failure may have applied, as after any unanswered attempt.
-                    Err(failure) => return Some(Err(failure)),
+                    Err(failure) => {
+                        return Some(Err(self.withdraw(conn, name, token, failure).await));
+                    }
                 }
             }
             (Some(_), Some(_)) => {
-                // The counter is not a number: no fence, so no lock (the script refuses before
-                // writing; here the `SET` ran, so it is taken back).
-                let names = [Arc::<str>::from(name)];
-                let short =
+                // The script refuses before writing; here the `SET` ran.
+                let failure =
                     NodeFailure::response(&self.addr, "acquire: the fence counter is not a number");
-                return Some(
-                    match self
-                        .release(conn, &names, token, Mode::Exclusive, false)
-                        .await
-                    {
-                        Ok(_) => Err(short),
-                        Err(failure) => Err(NodeFailure {
-                            detail: format!("{}; withdrawing the grant failed too", short.detail),
-                            ..failure
-                        }),
-                    },
-                );
+                return Some(Err(self.withdraw(conn, name, token, failure).await));
             }
             _ => Vec::new(),
         };
         Some(Ok(Attempt::Acquired { fences }))
+    }
+
+    /// Takes back a grant of `name` that has no fence (the counter is not a number, or seeding
+    /// it failed): no fence, no lock. Returns `failure`, saying so if the withdrawal failed too
+    /// (then the lock expires by its ttl, or the caller's release by token takes it back).
+    async fn withdraw<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+        token: &Token,
+        failure: NodeFailure,
+    ) -> NodeFailure {
+        let names = [Arc::<str>::from(name)];
+        match self
+            .release(conn, &names, token, Mode::Exclusive, false)
+            .await
+        {
+            Ok(_) => failure,
+            Err(also) => NodeFailure {
+                detail: format!("{}; withdrawing the grant failed too", failure.detail),
+                ..also
+            },
+        }
     }
 
     pub(crate) async fn release<C: Conn>(
