@@ -25,6 +25,14 @@ fn fence_key(name: &str) -> String {
     redis_keys("lock:", name)[1].clone()
 }
 
+/// Deletes the fence counter of `key`, as an eviction or a restart without data would.
+fn forget_fence(server: &RedisServer, key: &str) {
+    let _: i64 = redis::cmd("DEL")
+        .arg(fence_key(key))
+        .query(&mut server.admin())
+        .unwrap();
+}
+
 fn config_field(err: &LockError) -> Option<&'static str> {
     match err {
         LockError::Config { field, .. } => Some(field),
@@ -712,10 +720,7 @@ async fn fencing_tokens_grow_after_the_counter_is_deleted() {
         assert!(token > last, "round {round}: token {token} after {last}");
         last = token;
         guard.release().await.unwrap();
-        let _: i64 = redis::cmd("DEL")
-            .arg(fence_key(&key))
-            .query(&mut server.admin())
-            .unwrap();
+        forget_fence(&server, &key);
     }
     // Rounds 2 to 4 took the transaction, whose `INCR` found no counter and seeded it.
     assert_eq!(server.command_calls("multi"), 3);
@@ -734,10 +739,7 @@ async fn refused_transactions_leave_no_unseeded_counter_behind() {
     guard.release().await.unwrap();
     let held = b.lock(&key).acquire().await.unwrap();
     let before = held.fencing_token().unwrap();
-    let _: i64 = redis::cmd("DEL")
-        .arg(fence_key(&key))
-        .query(&mut server.admin())
-        .unwrap();
+    forget_fence(&server, &key);
     let transactions = server.command_calls("multi");
     for _ in 0..3 {
         let refused = a.lock(&key).acquire().await;
@@ -799,10 +801,7 @@ async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
         1,
         "the first try was a transaction"
     );
-    let _: i64 = redis::cmd("DEL")
-        .arg(fence_key(&key))
-        .query(&mut server.admin())
-        .unwrap();
+    forget_fence(&server, &key);
     let guard = seen.lock(&key).acquire().await.unwrap();
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
@@ -839,10 +838,7 @@ async fn a_same_token_retry_after_the_counter_is_gone_still_has_a_token() {
     })
     .await;
     assert!(landed, "the first attempt never reached the server");
-    let _: i64 = redis::cmd("DEL")
-        .arg(fence_key(&key))
-        .query(&mut server.admin())
-        .unwrap();
+    forget_fence(&server, &key);
     proxy.set_delay(Duration::ZERO);
     let guard = bounded(Duration::from_secs(15), "acquire", task)
         .await
