@@ -167,33 +167,34 @@ impl Fx {
     async fn start_waiter<F>(&self, key: &str, waiter: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
-        F::Output: Send + 'static,
+        F::Output: Send + std::fmt::Debug + 'static,
     {
         let mut waiter = Box::pin(waiter);
         if let Some(cluster) = self.etcd_cluster() {
-            // etcd counts watchers per member (summed here), not per key: on a shared cluster another test's
-            // watcher can satisfy this early; the waiter then still retries right after its own
+            // etcd counts watchers per member (summed here), not per key: on a shared cluster
+            // another check's watcher can satisfy this early (checks whose waiters must line up in
+            // order run alone: see `ALONE`); the waiter then still retries right after its own
             // watch is confirmed, so a release is never missed, only less strictly timed. A
             // watcher that was ending (an earlier waiter's, which etcd drops a moment after its
-            // stream closed) would hide the new one: count from the fewest seen.
-            // The bound is wide: three members that fsync every write answer slowly on a loaded
-            // machine, and a waiter only watches once its first attempt was refused.
+            // stream closed) would hide the new one: count from the fewest seen. The bound is
+            // wide: three members that fsync every write answer slowly on a loaded machine, and a
+            // waiter only watches once its first attempt was refused.
             let mut fewest = cluster.watchers();
             let waiting = tokio::spawn(waiter);
-            wait_until_async(
+            let watching = wait_until_async(
                 Duration::from_secs(15),
                 "the waiter watches the key",
                 || {
-                    assert!(
-                        !waiting.is_finished(),
-                        "the waiter did not wait for a held lock"
-                    );
                     let now = cluster.watchers();
                     fewest = fewest.min(now);
-                    now > fewest
+                    now > fewest || waiting.is_finished()
                 },
-            )
-            .await;
+            );
+            watching.await;
+            if waiting.is_finished() {
+                let answer = waiting.await;
+                panic!("the waiter did not wait for a held lock: it returned {answer:?}");
+            }
             return waiting;
         }
         if self.nodes.is_empty() {
@@ -1110,21 +1111,30 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
     assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
 }
 
-/// Checks that count the commands the servers ran, or freeze a server: on a store shared by a
-/// whole test binary (Cluster, Sentinel) they run alone.
-const COUNTING: [&str; 3] = [
+/// Checks that run alone on a store shared by a whole test binary (Cluster, Sentinel, etcd): those
+/// that count the commands the servers ran or freeze a server, and those whose waiters must line
+/// up in a given order. On etcd, [`Fx::start_waiter`] only sees that some new watcher appeared,
+/// and another check's waiter could pass for this one: a reader then came before the writer it
+/// was meant to queue behind (a clean-clone CI run).
+const ALONE: [&str; 8] = [
     "reentrant_nested_calls_join",
     "a_fair_hand_off_wakes_the_head_alone",
     // Not counting, but it freezes the shared replica.
     "min_replicas_fair_hand_offs_wait_for_the_replica",
+    // Waiters in a given order.
+    "fair_waiters_are_served_in_arrival_order",
+    "fair_lock_is_not_taken_past_the_queue",
+    "fair_waiters_that_give_up_leave_the_queue",
+    "a_waiting_writer_is_not_starved",
+    "readers_woken_with_a_waiting_writer_let_it_go_first",
 ];
 
 static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// A check's turn on the servers of this test binary: alone for [`COUNTING`] checks, beside the
+/// A check's turn on the servers of this test binary: alone for [`ALONE`] checks, beside the
 /// others otherwise.
 pub(crate) async fn turn(check: &str) -> Box<dyn Send + Sync> {
-    if COUNTING.contains(&check) {
+    if ALONE.contains(&check) {
         Box::new(TURNS.write().await)
     } else {
         Box::new(TURNS.read().await)
