@@ -133,6 +133,8 @@ fn wait_free(server: &RedisServer, id: &str) -> Duration {
 
 #[test]
 fn the_attribute_on_redis() {
+    // What the library logs, to say why a lock was lost if one is lost unexpectedly.
+    lock_tests::capture::install();
     let server = RedisServer::start();
     let url = server.url();
     lock_runtime::init(LockConfig::single(&url)).unwrap();
@@ -167,7 +169,15 @@ fn the_attribute_on_redis() {
         .await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(matches!(quick(&id).await, Err(LockError::Contended { .. })));
-        assert!(body.await.unwrap().unwrap() > 0);
+        let held = body.await.unwrap();
+        assert!(
+            held.as_ref().is_ok_and(|fence| *fence > 0),
+            "{held:?}; the library's loss events: {:?}",
+            lock_tests::capture::lines()
+                .into_iter()
+                .filter(|line| line.contains("lost"))
+                .collect::<Vec<_>>()
+        );
     });
     assert!(server.keys(&lock_key(&id)).is_empty());
 
