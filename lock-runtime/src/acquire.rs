@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::signal::Signal;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
@@ -15,6 +14,7 @@ use crate::backend::{Ask, Attempt, Backend, BoxFuture, Mode, Names, Subscription
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
+use crate::signal::Signal;
 use crate::wait::{Backoff, HandOff, WakeHandle, WakeRegistry};
 
 /// What one acquisition asks for.

@@ -63,7 +63,7 @@ where
             // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
             let _ = tx.send(work.await);
         });
-        let _cancel_on_drop = RaiseOnDrop(gone);
+        let _raise_on_drop = RaiseOnDrop(gone);
         return rx.await.map_err(|_| stopped());
     }
     let work = {

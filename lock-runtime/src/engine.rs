@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::signal::Signal;
 use tokio::runtime::Handle;
 use tokio_util::task::TaskTracker;
 
@@ -20,6 +19,7 @@ use crate::error::LockError;
 use crate::hold::{self, Hold};
 use crate::info::{self, LockInfo};
 use crate::renew::Renewer;
+use crate::signal::Signal;
 use crate::wait::WakeRegistry;
 use tracing::Instrument as _;
 

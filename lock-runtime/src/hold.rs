@@ -13,12 +13,11 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::signal::Signal;
-
 use crate::acquire::{Granted, Request};
 use crate::backend::{Backend, Mode, Names, Token};
 use crate::error::LockError;
 use crate::events::{self, Labels};
+use crate::signal::Signal;
 
 /// The process-wide origin of the atomic deadlines below.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);

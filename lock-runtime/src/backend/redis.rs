@@ -233,11 +233,6 @@ pub(crate) struct MinReplicas {
     pub(crate) timeout: Duration,
 }
 
-/// Fence counters at or above this (the server's clock in microseconds in September 2001) were
-/// seeded from a clock; one below it was created by an `INCR` since the counter was lost, and is
-/// raised to the clock by the next grant (see `scripts::FENCE`).
-pub(crate) const SEEDED: i64 = 1_000_000_000_000_000;
-
 /// A lossy set of the lock names whose fence counter this node was seen to hold, seeded, so that
 /// a plain lock of one of them can take its fence with the transaction's `INCR`
 /// ([`Calls::acquire_plain`]). A name it lacks takes the script; a name it holds by a hash
@@ -742,7 +737,9 @@ impl Calls {
         }
         // Granted.
         let fences = match (counted, fence) {
-            (Some(Value::Int(f)), Some(_)) if *f >= SEEDED => vec![u64::try_from(*f).unwrap_or(0)],
+            (Some(Value::Int(f)), Some(_)) if *f >= scripts::SEEDED => {
+                vec![u64::try_from(*f).unwrap_or(0)]
+            }
             (Some(Value::Int(_)), Some(fence)) => {
                 let mut invocation = scripts::SEED_FENCE.prepare_invoke();
                 invocation.key(fence);

@@ -160,9 +160,14 @@ for _, w in ipairs(gone) do redis.call('ZREM', Q, w) end
 if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 ";
 
+/// Fence counters at or above this (the server's clock in microseconds in September 2001) were
+/// seeded from a clock; one below it was created by an `INCR` since the counter was lost, and is
+/// raised to the clock by the next grant. [`FENCE`] spells it `1e15`.
+pub(crate) const SEEDED: i64 = 1_000_000_000_000_000;
+
 /// Lua that defines `grant_fence(k, ours)`: the fencing token of a grant for fence counter `k`
 /// (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the current value;
-/// a new grant counts on. A counter below [`SEEDED`](super::redis::SEEDED) was never seeded: it
+/// a new grant counts on. A counter below [`SEEDED`] was never seeded: it
 /// did not exist (first grant of the key, evicted, or Redis restarted without its data) until
 /// this `INCR` or the `INCR`s of transactions that were refused the lock (see
 /// `Calls::acquire_plain`). It is raised to the server's clock in microseconds, so it still

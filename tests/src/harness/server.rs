@@ -152,17 +152,24 @@ impl RedisServer {
 
     /// How many times `command` (lowercase, e.g. `evalsha`) ran since start, from `INFO commandstats`.
     pub fn command_calls(&self, command: &str) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.admin())
-            .unwrap_or_else(|e| panic!("INFO commandstats on port {} failed: {e}", self.port));
-        let prefix = format!("cmdstat_{command}:calls=");
+        self.command_stat(command, "calls")
+    }
+
+    /// One counter of `command` in `INFO commandstats` (`calls`, `rejected_calls`, ...); 0 when
+    /// the command never came.
+    pub fn command_stat(&self, command: &str, stat: &str) -> u64 {
+        let info = self.info("commandstats");
+        let prefix = format!("cmdstat_{command}:");
         info.lines()
             .find_map(|line| line.strip_prefix(prefix.as_str()))
-            .and_then(|rest| rest.split(',').next())
+            .and_then(|fields| {
+                fields
+                    .split(',')
+                    .find_map(|field| field.strip_prefix(stat)?.strip_prefix('='))
+            })
             .map_or(0, |n| {
                 n.parse()
-                    .unwrap_or_else(|e| panic!("calls of {command} in {info:?}: {e}"))
+                    .unwrap_or_else(|e| panic!("{stat} of {command} in {info:?}: {e}"))
             })
     }
 
