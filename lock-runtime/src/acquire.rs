@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::backend::{Ask, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token};
+use crate::backend::{Ask, AtOnce, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token};
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
@@ -23,6 +23,8 @@ pub(crate) struct Request {
     /// Sorted, without duplicates.
     pub(crate) names: Names,
     pub(crate) ttl: Duration,
+    /// When the request was made (checked and built).
+    pub(crate) asked_at: Instant,
     /// `None`: wait as long as it takes.
     pub(crate) give_up: Option<Instant>,
     pub(crate) fencing: bool,
@@ -377,6 +379,45 @@ pub(crate) async fn acquire(
     }
     let unsure = (result.is_err() && unsure).then_some(token);
     Ended { result, unsure }
+}
+
+/// One attempt on a node that answers at once (in memory), made in place by the caller: the
+/// grant, or `None` when the lock is not free for it (the full path then asks again, waits and
+/// decides). The attempt does not queue, so a refusal leaves nothing behind.
+pub(crate) fn acquire_at_once(
+    node: &dyn AtOnce,
+    settings: &Settings,
+    req: &Request,
+) -> Option<Granted> {
+    let token = Token::new();
+    // The request was made a moment ago: its clock read stands for the attempt's start (earlier
+    // than the real one, so the validity is conservative) and for when the grant was seen.
+    let now = req.asked_at;
+    let ask = Ask {
+        ttl: req.ttl,
+        fencing: req.fencing,
+        mode: req.mode,
+        queue: false,
+        waits: Duration::ZERO,
+    };
+    let Attempt::Acquired { fences } = node.acquire_at_once(&req.names, &token, ask, now) else {
+        return None;
+    };
+    let valid_until = now + req.ttl.saturating_sub(settings.drift(req.ttl));
+    if valid_until <= Instant::now() {
+        // Granted too slowly to be of use (a ttl shorter than a stall of this thread): give it
+        // back; the full path decides.
+        node.release_at_once(&req.names, &token, req.mode, true, Instant::now());
+        return None;
+    }
+    let _in_span = req.span.enter();
+    events::acquired(&req.labels, Duration::ZERO, 1, &fences);
+    Some(Granted {
+        token,
+        fences,
+        valid_until,
+        at: now,
+    })
 }
 
 /// The lock a fair release handed to us, as its message `told` us, without asking the server

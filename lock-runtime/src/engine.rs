@@ -179,11 +179,13 @@ impl Engine {
             lock: name.unwrap_or_else(|| Arc::from("unnamed")),
             backend: self.kind,
         };
+        let asked_at = Instant::now();
         Ok(Request {
             span: events::span(&labels, &names),
             names,
             ttl,
-            give_up: Instant::now().checked_add(wait),
+            asked_at,
+            give_up: asked_at.checked_add(wait),
             fencing: self.fencing,
             mode,
             max_hold,
@@ -212,7 +214,33 @@ impl Engine {
         if let Some(token) = ended.unsure {
             self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
         }
-        let hold = Arc::new(Hold::new(req, ended.result?));
+        self.hold(req, ended.result?)
+    }
+
+    /// Acquires in place, with no runtime hop and no task, when the backend answers at once (in
+    /// memory), the lock is free and the renewal driver runs (its runtime, when the caller passed
+    /// one in, may have shut down); otherwise gives `req` back for [`acquire`](Self::acquire),
+    /// which waits, or reports what is wrong.
+    pub(crate) fn acquire_at_once(self: &Arc<Self>, req: Request) -> AtOnce {
+        let Some(node) = self.backend.at_once() else {
+            return AtOnce::NotNow(req);
+        };
+        if !self.renewer.is_running() {
+            return AtOnce::NotNow(req);
+        }
+        match acquire::acquire_at_once(node, &self.settings, &req) {
+            Some(granted) => AtOnce::Done(self.hold(req, granted)),
+            None => AtOnce::NotNow(req),
+        }
+    }
+
+    /// A grant becomes a hold: tracked for `shutdown`, renewed.
+    fn hold(
+        self: &Arc<Self>,
+        req: Request,
+        granted: acquire::Granted,
+    ) -> Result<Arc<Hold>, LockError> {
+        let hold = Arc::new(Hold::new(req, granted));
         self.held().insert(hold.id, Arc::clone(&hold));
         self.renewer.register(Arc::clone(&hold));
         if self.shut_down.load(Ordering::Acquire) {
@@ -229,8 +257,23 @@ impl Engine {
         hold::release(hold, &self.backend).await
     }
 
+    /// Releases `hold` in place when the backend answers at once (in memory); `None` (and nothing
+    /// done) otherwise.
+    pub(crate) fn release_at_once(&self, hold: &Hold) -> Option<Result<(), LockError>> {
+        let node = self.backend.at_once()?;
+        self.held().remove(&hold.id);
+        let _in_span = hold.span.enter();
+        Some(hold::release_at_once(hold, node))
+    }
+
     /// Releases `hold` from a guard's drop: never blocks; `shutdown` waits for it.
     pub(crate) fn release_in_background(self: &Arc<Self>, hold: &Arc<Hold>) {
+        if let Some(released) = self.release_at_once(hold) {
+            if let Err(err) = released {
+                events::release_failed(hold.name(), &err);
+            }
+            return;
+        }
         let engine = Arc::clone(self);
         let span = hold.span.clone();
         let hold = Arc::clone(hold);
@@ -320,6 +363,14 @@ impl Engine {
         let _ = tokio::time::timeout(bound, settled).await;
         self.background.reopen();
     }
+}
+
+/// What [`Engine::acquire_at_once`] did.
+pub(crate) enum AtOnce {
+    /// Granted (or granted while shutting down: given back, and the error).
+    Done(Result<Arc<Hold>, LockError>),
+    /// Nothing: the request, for the full path.
+    NotNow(Request),
 }
 
 fn shut_down() -> LockError {

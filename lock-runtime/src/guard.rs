@@ -110,6 +110,9 @@ impl LockGuard {
         if self.joined {
             return self.joined_outcome();
         }
+        if let Some(released) = self.engine.release_at_once(&self.hold) {
+            return released;
+        }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
         let span = self.hold.span.clone();
         bridge::run(&self.engine.runtime, move |_| {
@@ -123,6 +126,9 @@ impl LockGuard {
         self.released = true;
         if self.joined {
             return self.joined_outcome();
+        }
+        if let Some(released) = self.engine.release_at_once(&self.hold) {
+            return released;
         }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
         bridge::run_blocking(

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::acquire::{Granted, Request};
-use crate::backend::{Backend, Mode, Names, Token};
-use crate::error::LockError;
+use crate::backend::{AtOnce, Backend, Mode, Names, Token};
+use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
 use crate::signal::Signal;
 
@@ -118,10 +118,14 @@ impl Hold {
 
     /// Whether the lock is lost: declared so, or past its validity deadline (then declared now).
     pub(crate) fn check_lost(&self) -> bool {
+        self.check_lost_at(Instant::now())
+    }
+
+    fn check_lost_at(&self, now: Instant) -> bool {
         if self.lost.is_raised() {
             return true;
         }
-        if Instant::now() >= self.valid_until() {
+        if now >= self.valid_until() {
             self.declare_lost(0, "validity deadline passed without a confirmed renewal");
             return true;
         }
@@ -189,7 +193,12 @@ impl Hold {
     /// Lets go of the lock: renewal stops, and a "not yours" caused by this release is not a loss.
     /// Returns whether it was lost before (decided now, before the release request).
     pub(crate) fn let_go(&self) -> bool {
-        let lost = self.check_lost();
+        self.let_go_at(Instant::now())
+    }
+
+    /// [`let_go`](Self::let_go), with the clock read at `now`.
+    pub(crate) fn let_go_at(&self, now: Instant) -> bool {
+        let lost = self.check_lost_at(now);
         self.released.store(true, Ordering::Release);
         lost
     }
@@ -209,6 +218,23 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockEr
     let outcome = backend
         .release(&hold.names, &hold.token, hold.mode, true)
         .await;
+    settle(hold, was_lost, outcome)
+}
+
+/// [`release`] on a node that answers at once (in memory), in place.
+pub(crate) fn release_at_once(hold: &Hold, node: &dyn AtOnce) -> Result<(), LockError> {
+    let now = Instant::now();
+    let was_lost = hold.let_go_at(now);
+    let ours = node.release_at_once(&hold.names, &hold.token, hold.mode, true, now);
+    settle(hold, was_lost, Ok(ours))
+}
+
+/// The outcome of a release, given whether the lock was lost before it and what the servers said.
+fn settle(
+    hold: &Hold,
+    was_lost: bool,
+    outcome: Result<bool, Vec<NodeFailure>>,
+) -> Result<(), LockError> {
     if !hold.ended.swap(true, Ordering::AcqRel) {
         events::ended(&hold.labels, hold.acquired_at);
     }
@@ -284,6 +310,7 @@ mod tests {
         let req = Request {
             names,
             ttl: Duration::from_secs(30),
+            asked_at: Instant::now(),
             give_up: None,
             fencing: true,
             mode: Mode::Exclusive,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::backend::Mode;
 use crate::bridge;
-use crate::engine::Engine;
+use crate::engine::{AtOnce, Engine};
 use tracing::Instrument as _;
 
 use crate::error::LockError;
@@ -244,6 +244,10 @@ impl Lock {
             Prepared::Joined(guard) => return Ok(guard),
             Prepared::Acquire(engine, req) => (engine, req),
         };
+        let req = match engine.acquire_at_once(req) {
+            AtOnce::Done(hold) => return hold.map(|hold| LockGuard::new(engine, hold)),
+            AtOnce::NotNow(req) => req,
+        };
         let runtime = engine.runtime.clone();
         let span = req.span.clone();
         bridge::run(&runtime, move |gone| {
@@ -263,6 +267,10 @@ impl Lock {
         let (engine, req) = match self.prepare()? {
             Prepared::Joined(guard) => return Ok(guard),
             Prepared::Acquire(engine, req) => (engine, req),
+        };
+        let req = match engine.acquire_at_once(req) {
+            AtOnce::Done(hold) => return hold.map(|hold| LockGuard::new(engine, hold)),
+            AtOnce::NotNow(req) => req,
         };
         let runtime = engine.runtime.clone();
         let span = req.span.clone();

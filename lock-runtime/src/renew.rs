@@ -48,6 +48,9 @@ struct Shared {
     next_wake_ms: AtomicU64,
     epoch: Instant,
     closed: AtomicBool,
+    /// Whether the driver task still exists: false once it ended or its runtime dropped it (a
+    /// runtime the caller passed in, shut down).
+    running: AtomicBool,
     settings: Settings,
 }
 
@@ -75,10 +78,12 @@ impl Renewer {
             next_wake_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             closed: AtomicBool::new(false),
+            running: AtomicBool::new(true),
             settings,
         });
         let (results_tx, results) = mpsc::unbounded_channel();
         let driver = Driver {
+            _running: Running(Arc::clone(&shared)),
             shared: Arc::clone(&shared),
             backend,
             entries: HashMap::new(),
@@ -126,6 +131,22 @@ impl Renewer {
     }
 }
 
+impl Renewer {
+    /// Whether the driver still runs, so a lock that joins now will be renewed.
+    pub(crate) fn is_running(&self) -> bool {
+        self.shared.running.load(Ordering::Acquire)
+    }
+}
+
+/// Lowers `running` when the driver is dropped, however that happens.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}
+
 impl Drop for Renewer {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
@@ -161,6 +182,7 @@ impl Entry {
 type Outcome = (u64, Instant, ExtendOutcome);
 
 struct Driver {
+    _running: Running,
     shared: Arc<Shared>,
     backend: Arc<Backend>,
     entries: HashMap<u64, Entry>,

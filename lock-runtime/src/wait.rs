@@ -88,6 +88,10 @@ impl WakeRegistry {
     /// particular, which wakes every waiter), telling it `hand_off` when known.
     pub(crate) fn notify_for(&self, name: &str, ticket: u64, hand_off: Option<HandOff>) {
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        // Nobody in this client waits for any lock (the uncontended case): skip hashing the name.
+        if names.is_empty() {
+            return;
+        }
         if let Some(slot) = names.get(name) {
             slot.tx.send_modify(|r| r.next(Handed { ticket, hand_off }));
         }

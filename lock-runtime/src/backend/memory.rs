@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    Ask, AtOnce, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription,
+    Token,
 };
 use crate::error::NodeFailure;
 use crate::wait::WakeRegistry;
@@ -144,8 +145,7 @@ impl MemoryNode {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn acquire_now(&self, names: &[Arc<str>], token: &Token, ask: Ask) -> Attempt {
-        let now = Instant::now();
+    fn acquire_now(&self, names: &[Arc<str>], token: &Token, ask: Ask, now: Instant) -> Attempt {
         let mut state = self.state();
         state.sweep(now);
         match ask.mode {
@@ -187,8 +187,14 @@ impl MemoryNode {
         ExtendOutcome::Extended
     }
 
-    fn release_now(&self, names: &[Arc<str>], token: &Token, mode: Mode, wake: bool) -> bool {
-        let now = Instant::now();
+    fn release_now(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        mode: Mode,
+        wake: bool,
+        now: Instant,
+    ) -> bool {
         let mut released = Vec::with_capacity(names.len());
         // A fair lock handed to its next waiter: wake that one alone.
         let mut handed = None;
@@ -526,7 +532,7 @@ impl Node for MemoryNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let attempt = self.acquire_now(names, token, ask);
+        let attempt = self.acquire_now(names, token, ask, Instant::now());
         Box::pin(std::future::ready(Ok(attempt)))
     }
 
@@ -542,7 +548,7 @@ impl Node for MemoryNode {
         mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.release_now(names, token, mode, wake);
+        let ours = self.release_now(names, token, mode, wake, Instant::now());
         Box::pin(std::future::ready(Ok(ours)))
     }
 
@@ -567,6 +573,33 @@ impl Node for MemoryNode {
             confirmed: Box::pin(std::future::ready(true)),
             keep: None,
         }
+    }
+
+    fn at_once(&self) -> Option<&dyn AtOnce> {
+        Some(self)
+    }
+}
+
+impl AtOnce for MemoryNode {
+    fn acquire_at_once(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        ask: Ask,
+        now: Instant,
+    ) -> Attempt {
+        self.acquire_now(names, token, ask, now)
+    }
+
+    fn release_at_once(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        mode: Mode,
+        wake: bool,
+        now: Instant,
+    ) -> bool {
+        self.release_now(names, token, mode, wake, now)
     }
 }
 
