@@ -63,9 +63,8 @@ pub(crate) enum Command {
     /// Print one line per release until interrupted.
     ///
     /// Only releases are published (a holder's release, or `lockctl release`): acquisitions are
-    /// not, and neither are locks that expire because their holder died. Under Redlock a holder's
-    /// release is announced by the lock's gate node alone (one node, chosen by the lock's name),
-    /// so it prints one line; `lockctl release --force` is announced by every node that held it.
+    /// not, and neither are locks that expire because their holder died. Under Redlock each node
+    /// announces the release, so one release prints a line per node that held it.
     Watch {
         /// Glob over lock names: `*` any run of characters, `?` one character.
         #[arg(default_value = "*")]

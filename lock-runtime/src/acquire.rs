@@ -120,40 +120,72 @@ impl Soon {
 struct Watching {
     /// One per key.
     wakes: Vec<WakeHandle>,
-    /// Confirmations still to come, each with its key's index.
-    pending: FuturesUnordered<BoxFuture<'static, (usize, bool)>>,
+    /// Confirmations still to come: the key's index, whether it is of the first subscriptions
+    /// (not of the ones that replaced them), and the outcome.
+    pending: FuturesUnordered<BoxFuture<'static, Confirmation>>,
     /// Per key, how many more confirmations make its release impossible to miss.
     needed: Vec<usize>,
     /// Dropped with the strategy: unsubscribes.
-    _subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
+    subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
 }
+
+/// One subscription's confirmation: its key's index, whether it is of the first subscriptions
+/// for that key, and whether the node confirmed it.
+type Confirmation = (usize, bool, bool);
 
 impl Watching {
     fn start(backend: &Backend, wakers: &Arc<WakeRegistry>, names: &Names) -> Self {
-        let wakes = names.iter().map(|name| wakers.watch(name)).collect();
-        let pending = FuturesUnordered::new();
-        let mut needed = Vec::with_capacity(names.len());
-        let mut keep = Vec::new();
+        let mut w = Watching {
+            wakes: names.iter().map(|name| wakers.watch(name)).collect(),
+            pending: FuturesUnordered::new(),
+            needed: vec![0; names.len()],
+            subscriptions: Vec::new(),
+        };
         for (index, name) in names.iter().enumerate() {
-            let (subscriptions, quorum) = backend.watch(name);
-            needed.push(quorum);
-            for Subscription {
-                confirmed,
-                keep: undo,
-            } in subscriptions
-            {
-                let tagged: BoxFuture<'static, (usize, bool)> =
-                    Box::pin(async move { (index, confirmed.await) });
-                pending.push(tagged);
-                keep.push(undo);
+            w.add(index, true, backend.watch(name, &names[0]));
+        }
+        w
+    }
+
+    fn add(
+        &mut self,
+        index: usize,
+        first: bool,
+        (subscriptions, needed): (Vec<Subscription>, usize),
+    ) {
+        self.needed[index] = needed;
+        for Subscription {
+            confirmed,
+            keep: undo,
+        } in subscriptions
+        {
+            let tagged: BoxFuture<'static, Confirmation> =
+                Box::pin(async move { (index, first, confirmed.await) });
+            self.pending.push(tagged);
+            self.subscriptions.push(undo);
+        }
+    }
+
+    /// Counts a confirmation; a first subscription that failed is replaced by the backend's
+    /// others (Redlock: the nodes other than an unresponsive gate). Answers whether every key's
+    /// releases can no longer be missed.
+    fn confirmed(
+        &mut self,
+        backend: &Backend,
+        names: &Names,
+        (index, first, ok): Confirmation,
+    ) -> bool {
+        if ok {
+            if self.needed[index] == 0 {
+                return false;
             }
+            self.needed[index] -= 1;
+            return self.needed.iter().all(|n| *n == 0);
         }
-        Watching {
-            wakes,
-            pending,
-            needed,
-            _subscriptions: keep,
+        if first && let Some(others) = backend.watch_others(&names[index], &names[0]) {
+            self.add(index, false, others);
         }
+        false
     }
 }
 
@@ -211,22 +243,17 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             tokio::pin!(sleep);
             loop {
                 let confirming = w.needed.iter().any(|n| *n > 0) && !w.pending.is_empty();
-                let released = futures_util::future::select_all(
-                    w.wakes.iter_mut().map(|h| Box::pin(h.released())),
-                );
-                tokio::select! {
+                let confirmation = tokio::select! {
                     () = &mut sleep => return None,
-                    (told, _, _) = released => return told,
-                    Some((index, ok)) = w.pending.next(), if confirming => {
-                        if ok && w.needed[index] > 0 {
-                            w.needed[index] -= 1;
-                            if w.needed.iter().all(|n| *n == 0) {
-                                // From now on no release can be missed: look again, since one
-                                // may have happened before.
-                                return None;
-                            }
-                        }
-                    }
+                    (told, _, _) = futures_util::future::select_all(
+                        w.wakes.iter_mut().map(|h| Box::pin(h.released())),
+                    ) => return told,
+                    Some(confirmation) = w.pending.next(), if confirming => confirmation,
+                };
+                if w.confirmed(backend, names, confirmation) {
+                    // From now on no release can be missed: look again, since one may have
+                    // happened before.
+                    return None;
                 }
             }
         })

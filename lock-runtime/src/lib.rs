@@ -281,9 +281,10 @@
 //!   error, restarts delayed by a TTL or `appendfsync always`); survives the loss of a minority of
 //!   nodes. Fencing is opt-in here ([`LockConfig::fencing`]): the token is the largest counter of
 //!   the granting majority, written back to a majority before the guard is returned, so every
-//!   later majority hands out a larger one (as long as no node loses its counters). Waiters are
-//!   woken by the lock's gate node (one node, chosen by the lock's name) announcing the release;
-//!   while that node is down they retry on their backoff, capped by the holder's remaining TTL.
+//!   later majority hands out a larger one (as long as no node loses its counters). Every node
+//!   announces a release; a waiter listens at one, the gate of its lock (chosen by the lock's
+//!   first key: the node its attempts ask first), and at the others when that one does not
+//!   confirm its subscription.
 //! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a random
 //!   UUID token) extends or releases; loss is signalled; no orphan locks after cancellation, panic
 //!   or [`shutdown`]; contention and failure are distinct errors; every acquire answers within its

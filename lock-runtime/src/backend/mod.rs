@@ -387,13 +387,26 @@ impl Backend {
         }
     }
 
-    /// Subscribes to `name`'s releases on every node. `needed` is how many confirmations make a
-    /// release impossible to miss: one node, or a quorum (a release that succeeded reached a
-    /// quorum, which shares a node with any quorum of subscriptions).
-    pub(crate) fn watch(&self, name: &str) -> (Vec<Subscription>, usize) {
+    /// Subscribes to `name`'s releases for a lock whose first key is `first`: on its node, or
+    /// under Redlock on the gate node of `first`, which the lock's attempts ask first. `needed` is
+    /// how many confirmations make a release impossible to miss while those nodes answer.
+    pub(crate) fn watch(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
         match self {
             Backend::One(node) => (vec![node.watch(name)], 1),
-            Backend::Quorum(quorum) => quorum.watch(name),
+            Backend::Quorum(quorum) => quorum.watch(name, first),
+        }
+    }
+
+    /// Where else to listen when the subscriptions of [`watch`](Self::watch) could not be
+    /// confirmed: Redlock's other nodes (a single node has nowhere else).
+    pub(crate) fn watch_others(
+        &self,
+        name: &str,
+        first: &str,
+    ) -> Option<(Vec<Subscription>, usize)> {
+        match self {
+            Backend::One(_) => None,
+            Backend::Quorum(quorum) => Some(quorum.watch_others(name, first)),
         }
     }
 }

@@ -543,8 +543,8 @@ impl Quorum {
 
     /// Releases on every node. Returns once the outcome is settled (a quorum said "ours" or
     /// "not ours"), while the remaining nodes finish in the background, so a frozen or dead
-    /// minority never makes the caller wait. With `wake`, only each key's gate node announces the
-    /// release.
+    /// minority never makes the caller wait. With `wake`, every node announces it: waiters listen
+    /// at the gate, and at the others when the gate does not confirm (see `watch`).
     pub(crate) async fn release(
         &self,
         names: &Names,
@@ -554,10 +554,7 @@ impl Quorum {
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
         let n = self.nodes.len();
-        let gates: Vec<usize> = names.iter().map(|name| gate_of(name, n)).collect();
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
-            // Waiters listen at each key's gate only (see `watch`).
-            let wake = wake && gates.contains(&step.index);
             let (node, names, token, tx) = (
                 Arc::clone(node),
                 Arc::clone(names),
@@ -606,17 +603,40 @@ impl Quorum {
         self.tasks.reopen();
     }
 
-    /// Subscribes on the lock's gate node, the one node whose releases publish (see `release`).
+    /// Subscribes to `name`'s releases on the gate node of the lock's first key `first` alone:
+    /// every attempt of a contended lock asks that node first, so a release is worth waking for
+    /// once that node has it (it is announced by every node). Listening at `name`'s own gate
+    /// lost wake-ups of locks over several keys: woken by the release at that node, a waiter
+    /// asked its lock's gate before the release had landed there, was refused, and heard nothing
+    /// more.
     ///
     /// Listening on every node woke each waiter once per node that released, and a waiter woken
     /// by another node's message asked the gate before the gate's own release had landed, was
     /// refused, and asked again: 13 attempts on the gate per hand-off with 8 clients on one key,
     /// where 8 are enough, plus a subscription and an unsubscription on five nodes per wait
-    /// (peer-bench C8: 880 sections/s before, see the README for after). While the gate is down
-    /// or slow no release is heard, and waiters retry on their backoff, capped by the holder's
-    /// remaining time to live: slower hand-offs, never a wrong grant.
-    pub(crate) fn watch(&self, name: &str) -> (Vec<Subscription>, usize) {
-        let gate = gate_of(name, self.nodes.len());
+    /// (peer-bench C8: 880 sections/s before, see the README for after).
+    ///
+    /// A gate that does not confirm (down, frozen) is replaced by
+    /// [`watch_others`](Self::watch_others); one that goes down after confirming misses the
+    /// releases meanwhile, which the waiter then finds by its next attempt, on its backoff (at
+    /// most a third of the lock's ttl).
+    pub(crate) fn watch(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
+        let gate = gate_of(first, self.nodes.len());
         (vec![self.nodes[gate].watch(name)], 1)
+    }
+
+    /// Subscribes on every node but the gate of `first`, for a waiter whose gate did not confirm.
+    /// A quorum of confirmations is enough: a release that succeeded reached a quorum of nodes,
+    /// and any two quorums share one.
+    pub(crate) fn watch_others(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
+        let gate = gate_of(first, self.nodes.len());
+        let subs = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| *index != gate)
+            .map(|(_, node)| node.watch(name))
+            .collect();
+        (subs, self.quorum)
     }
 }

@@ -162,8 +162,8 @@ impl Fx {
     }
 
     /// Spawns `waiter` (an acquire of `key`, which is held) and returns once it waits for a
-    /// release: with Redis, once the node that announces its releases (under Redlock, its gate)
-    /// has its subscription to the release channel; in
+    /// release: with Redis, once a node (under Redlock, the gate of the lock's first key) has its
+    /// subscription to the release channel; in
     /// memory, once its first poll, which makes every attempt in place, returned `Pending`.
     async fn start_waiter<F>(&self, key: &str, waiter: F) -> tokio::task::JoinHandle<F::Output>
     where
@@ -208,13 +208,10 @@ impl Fx {
         }
         let waiting = tokio::spawn(waiter);
         let channel = lock_keys(key).channel;
-        // Under Redlock a waiter listens at the key's gate node, the one that announces releases.
-        let node = &self.nodes[lock_runtime::__private::gate_of(key, self.nodes.len())];
-        wait_until_async(
-            Duration::from_secs(5),
-            "the waiter subscribed at the lock's node",
-            || node.subscribers(&channel) > 0,
-        )
+        // Under Redlock a waiter listens at one node: the gate of its lock's first key.
+        wait_until_async(Duration::from_secs(5), "the waiter subscribed", || {
+            self.nodes.iter().any(|node| node.subscribers(&channel) > 0)
+        })
         .await;
         waiting
     }
