@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Ask, Attempt, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Subscription, Token};
 use crate::error::NodeFailure;
+use crate::signal::Signal;
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
@@ -50,8 +50,8 @@ type NodeSignals = Arc<[NodeSignal]>;
 
 #[derive(Default)]
 struct NodeSignal {
-    /// Cancelled once the operation is over on the node.
-    done: CancellationToken,
+    /// Raised once the operation is over on the node.
+    done: Signal,
     /// Set when the node failed the operation (no answer in time, broken connection).
     failure: Mutex<Option<NodeFailure>>,
 }
@@ -67,7 +67,7 @@ struct NodeStep {
 impl NodeStep {
     async fn after_previous(&self) {
         if let Some(previous) = &self.previous {
-            previous[self.index].done.cancelled().await;
+            previous[self.index].done.raised().await;
         }
     }
 
@@ -75,7 +75,7 @@ impl NodeStep {
     /// there.
     fn node_failing(&self) -> Option<NodeFailure> {
         let signal = &self.previous.as_ref()?[self.index];
-        if signal.done.is_cancelled() {
+        if signal.done.is_raised() {
             return None;
         }
         signal
@@ -95,7 +95,7 @@ impl NodeStep {
 
 impl Drop for NodeStep {
     fn drop(&mut self) {
-        self.op.signals[self.index].done.cancel();
+        self.op.signals[self.index].done.raise();
     }
 }
 
