@@ -431,10 +431,11 @@ pub(crate) fn acquire_at_once(
         return None;
     };
     let valid_until = now + req.ttl.saturating_sub(settings.drift(req.ttl));
-    if valid_until <= Instant::now() {
+    let seen = Instant::now();
+    if valid_until <= seen {
         // Granted too slowly to be of use (a ttl shorter than a stall of this thread): give it
         // back; the full path decides.
-        node.release_at_once(&req.names, &token, req.mode, true, Instant::now());
+        node.release_at_once(&req.names, &token, req.mode, true, seen);
         return None;
     }
     let _in_span = req.span.enter();

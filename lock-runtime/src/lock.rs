@@ -198,7 +198,8 @@ impl Lock {
         }
     }
 
-    /// The engine and the request, or a guard that joins a hold of the current scope.
+    /// The engine and the request, or a guard already: one that joins a hold of the current
+    /// scope, or one granted in place (in memory, when the lock is free).
     fn prepare(self) -> Result<Prepared, LockError> {
         let engine = self.engine()?;
         let mode = self.mode()?;
@@ -223,7 +224,7 @@ impl Lock {
                         ),
                     ));
                 }
-                Held::All(hold) => return LockGuard::joined(engine, hold).map(Prepared::Joined),
+                Held::All(hold) => return LockGuard::joined(engine, hold).map(Prepared::Ready),
                 Held::Some => {
                     return Err(LockError::config(
                         "keys",
@@ -233,7 +234,10 @@ impl Lock {
                 }
             }
         }
-        Ok(Prepared::Acquire(engine, req))
+        match engine.acquire_at_once(req) {
+            AtOnce::Done(hold) => hold.map(|hold| Prepared::Ready(LockGuard::new(engine, hold))),
+            AtOnce::NotNow(req) => Ok(Prepared::Acquire(engine, req)),
+        }
     }
 
     /// Acquires the lock, waiting up to `wait`. Works from any async runtime (the work runs on the
@@ -241,12 +245,8 @@ impl Lock {
     /// granted meanwhile.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let (engine, req) = match self.prepare()? {
-            Prepared::Joined(guard) => return Ok(guard),
+            Prepared::Ready(guard) => return Ok(guard),
             Prepared::Acquire(engine, req) => (engine, req),
-        };
-        let req = match engine.acquire_at_once(req) {
-            AtOnce::Done(hold) => return hold.map(|hold| LockGuard::new(engine, hold)),
-            AtOnce::NotNow(req) => req,
         };
         let runtime = engine.runtime.clone();
         let span = req.span.clone();
@@ -265,12 +265,8 @@ impl Lock {
     /// current-thread runtime that must also run the holder, it would wait for the full `wait`.
     pub fn acquire_blocking(self) -> Result<LockGuard, LockError> {
         let (engine, req) = match self.prepare()? {
-            Prepared::Joined(guard) => return Ok(guard),
+            Prepared::Ready(guard) => return Ok(guard),
             Prepared::Acquire(engine, req) => (engine, req),
-        };
-        let req = match engine.acquire_at_once(req) {
-            AtOnce::Done(hold) => return hold.map(|hold| LockGuard::new(engine, hold)),
-            AtOnce::NotNow(req) => req,
         };
         let runtime = engine.runtime.clone();
         let span = req.span.clone();
@@ -329,7 +325,9 @@ fn joinable(outer: Mode, inner: Mode) -> bool {
 }
 
 enum Prepared {
-    /// The current task or thread holds the keys already.
-    Joined(LockGuard),
+    /// A guard: the current task or thread holds the keys already, or the lock was granted in
+    /// place.
+    Ready(LockGuard),
+    /// To acquire: the full path, which waits.
     Acquire(Arc<Engine>, crate::acquire::Request),
 }

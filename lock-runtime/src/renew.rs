@@ -95,6 +95,11 @@ impl Renewer {
         Renewer { shared }
     }
 
+    /// Whether the driver still runs, so a lock that joins now will be renewed.
+    pub(crate) fn is_running(&self) -> bool {
+        self.shared.running.load(Ordering::Acquire)
+    }
+
     /// Keeps `hold` alive until it is released or lost.
     pub(crate) fn register(&self, hold: Arc<Hold>) {
         // Scheduled from the grant, a moment ago (earlier than now: never late), which saves a
@@ -128,13 +133,6 @@ impl Renewer {
         if first < self.shared.next_wake_ms.load(Ordering::SeqCst) || backlog >= JOIN_BACKLOG {
             self.shared.wake.notify_one();
         }
-    }
-}
-
-impl Renewer {
-    /// Whether the driver still runs, so a lock that joins now will be renewed.
-    pub(crate) fn is_running(&self) -> bool {
-        self.shared.running.load(Ordering::Acquire)
     }
 }
 

@@ -145,17 +145,6 @@ impl MemoryNode {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn acquire_now(&self, names: &[Arc<str>], token: &Token, ask: Ask, now: Instant) -> Attempt {
-        let mut state = self.state();
-        state.sweep(now);
-        match ask.mode {
-            Mode::Exclusive => exclusive(&mut state, names, token, ask, now),
-            Mode::Fair => fair(&mut state, &names[0], token, ask, now),
-            Mode::Shared => shared(&mut state, &names[0], token, ask, 0, now),
-            Mode::Permits(n) => shared(&mut state, &names[0], token, ask, n, now),
-        }
-    }
-
     fn extend_now(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
         let now = Instant::now();
         let mut state = self.state();
@@ -185,60 +174,6 @@ impl MemoryNode {
             }
         }
         ExtendOutcome::Extended
-    }
-
-    fn release_now(
-        &self,
-        names: &[Arc<str>],
-        token: &Token,
-        mode: Mode,
-        wake: bool,
-        now: Instant,
-    ) -> bool {
-        let mut released = Vec::with_capacity(names.len());
-        // A fair lock handed to its next waiter: wake that one alone.
-        let mut handed = None;
-        {
-            let mut state = self.state();
-            match mode {
-                Mode::Shared | Mode::Permits(_) => {
-                    let name = &names[0];
-                    let lease = state
-                        .groups
-                        .get_mut(&**name)
-                        .and_then(|g| g.holders.remove(token));
-                    // Drops the group if nothing is left of it.
-                    state.group(name, now);
-                    if lease.is_some_and(|expires| expires > now) {
-                        released.push(name);
-                    }
-                }
-                Mode::Exclusive | Mode::Fair => {
-                    for name in names {
-                        if state
-                            .live(name, now)
-                            .is_some_and(|entry| entry.token == *token)
-                        {
-                            state.held.remove(&**name);
-                            released.push(name);
-                        }
-                    }
-                }
-            }
-            if mode == Mode::Fair {
-                handed = hand_over(&mut state, &names[0], token, now);
-            }
-        }
-        match handed {
-            Some(ticket) => self.wakers.notify_for(&names[0], ticket, None),
-            None if wake || mode == Mode::Fair => {
-                for name in &released {
-                    self.wakers.notify(name);
-                }
-            }
-            None => {}
-        }
-        released.len() == names.len()
     }
 }
 
@@ -532,7 +467,7 @@ impl Node for MemoryNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let attempt = self.acquire_now(names, token, ask, Instant::now());
+        let attempt = self.acquire_at_once(names, token, ask, Instant::now());
         Box::pin(std::future::ready(Ok(attempt)))
     }
 
@@ -548,7 +483,7 @@ impl Node for MemoryNode {
         mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.release_now(names, token, mode, wake, Instant::now());
+        let ours = self.release_at_once(names, token, mode, wake, Instant::now());
         Box::pin(std::future::ready(Ok(ours)))
     }
 
@@ -588,7 +523,14 @@ impl AtOnce for MemoryNode {
         ask: Ask,
         now: Instant,
     ) -> Attempt {
-        self.acquire_now(names, token, ask, now)
+        let mut state = self.state();
+        state.sweep(now);
+        match ask.mode {
+            Mode::Exclusive => exclusive(&mut state, names, token, ask, now),
+            Mode::Fair => fair(&mut state, &names[0], token, ask, now),
+            Mode::Shared => shared(&mut state, &names[0], token, ask, 0, now),
+            Mode::Permits(n) => shared(&mut state, &names[0], token, ask, n, now),
+        }
     }
 
     fn release_at_once(
@@ -599,7 +541,50 @@ impl AtOnce for MemoryNode {
         wake: bool,
         now: Instant,
     ) -> bool {
-        self.release_now(names, token, mode, wake, now)
+        let mut released = Vec::with_capacity(names.len());
+        // A fair lock handed to its next waiter: wake that one alone.
+        let mut handed = None;
+        {
+            let mut state = self.state();
+            match mode {
+                Mode::Shared | Mode::Permits(_) => {
+                    let name = &names[0];
+                    let lease = state
+                        .groups
+                        .get_mut(&**name)
+                        .and_then(|g| g.holders.remove(token));
+                    // Drops the group if nothing is left of it.
+                    state.group(name, now);
+                    if lease.is_some_and(|expires| expires > now) {
+                        released.push(name);
+                    }
+                }
+                Mode::Exclusive | Mode::Fair => {
+                    for name in names {
+                        if state
+                            .live(name, now)
+                            .is_some_and(|entry| entry.token == *token)
+                        {
+                            state.held.remove(&**name);
+                            released.push(name);
+                        }
+                    }
+                }
+            }
+            if mode == Mode::Fair {
+                handed = hand_over(&mut state, &names[0], token, now);
+            }
+        }
+        match handed {
+            Some(ticket) => self.wakers.notify_for(&names[0], ticket, None),
+            None if wake || mode == Mode::Fair => {
+                for name in &released {
+                    self.wakers.notify(name);
+                }
+            }
+            None => {}
+        }
+        released.len() == names.len()
     }
 }
 

@@ -553,7 +553,6 @@ impl Quorum {
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
-        let n = self.nodes.len();
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
             let (node, names, token, tx) = (
                 Arc::clone(node),
@@ -573,6 +572,7 @@ impl Quorum {
             });
         }
         drop(tx);
+        let n = self.nodes.len();
         let (mut ours, mut not_ours) = (0, 0);
         let mut failures = Vec::new();
         while let Some(reply) = replies.recv().await {
