@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
+use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all, history,
     lock_keys, unique_key, wait_until_async,
@@ -32,6 +32,23 @@ fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
 
 fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(config(urls)).expect("valid redlock config")
+}
+
+/// Starts `lock.acquire()` as a task: a waiter.
+fn start_acquire(lock: Lock) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    tokio::spawn(async move { lock.acquire().await })
+}
+
+/// The guard a waiter from [`start_acquire`] got within 5 s; `why` says what should have let it
+/// in.
+async fn granted_soon(
+    waiting: tokio::task::JoinHandle<Result<LockGuard, LockError>>,
+    why: &str,
+) -> LockGuard {
+    bounded(Duration::from_secs(5), "the waiter's acquire", waiting)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{why}: {e:?}"))
 }
 
 /// Long timeouts (1 s): an answer that waited for a frozen node would show.
@@ -791,10 +808,7 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
     place(others[1], "foreign-a");
     place(others[2], "foreign-b");
 
-    let acquire = {
-        let lock = waiter.lock(&key).wait(Duration::from_secs(30));
-        tokio::spawn(async move { lock.acquire().await })
-    };
+    let acquire = start_acquire(waiter.lock(&key).wait(Duration::from_secs(30)));
     // The waiter has been refused (it subscribes to the release channel after its first answer),
     // and has made a second attempt: once its subscriptions are confirmed it looks again, since a
     // release may have come before. Each attempt is one acquire and one withdrawal on the gate.
@@ -865,10 +879,7 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
     let key = unique_key("redlock:announce");
     let gate = lock_runtime::__private::gate_of(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
-    let waiting = {
-        let lock = waiter.lock(&key).wait(Duration::from_secs(10));
-        tokio::spawn(async move { lock.acquire().await })
-    };
+    let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(10)));
     await_waiter(&masters.nodes[gate], &key).await;
     let channel = lock_keys(&key).channel;
     for (i, node) in masters.nodes.iter().enumerate() {
@@ -880,10 +891,7 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
         );
     }
     guard.release().await.unwrap();
-    let got = bounded(Duration::from_secs(5), "the waiter's acquire", waiting)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("woken by the gate's announcement: {e:?}"));
+    let got = granted_soon(waiting, "woken by the gate's announcement").await;
     got.release().await.unwrap();
 }
 
@@ -905,12 +913,11 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
         .find(|(a, b)| gate_of(a, NODES) != gate_of(b, NODES))
         .expect("two keys with different gates");
     let guard = hold_on_all(&holder, &masters, &held).await;
-    let waiting = {
-        let lock = waiter
+    let waiting = start_acquire(
+        waiter
             .lock_many([&held, &first])
-            .wait(Duration::from_secs(10));
-        tokio::spawn(async move { lock.acquire().await })
-    };
+            .wait(Duration::from_secs(10)),
+    );
     await_waiter(&masters.nodes[gate_of(&first, NODES)], &held).await;
     let channel = lock_keys(&held).channel;
     assert_eq!(
@@ -919,10 +926,7 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
         "listening at the held key's own gate"
     );
     guard.release().await.unwrap();
-    let got = bounded(Duration::from_secs(5), "the waiter's acquire", waiting)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("woken by the release: {e:?}"));
+    let got = granted_soon(waiting, "woken by the release").await;
     assert_eq!(got.keys().len(), 2);
     got.release().await.unwrap();
 }
@@ -945,10 +949,7 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
             .default_ttl(Duration::from_secs(30)),
     )
     .unwrap();
-    let waiting = {
-        let lock = waiter.lock(&key).wait(Duration::from_secs(30));
-        tokio::spawn(async move { lock.acquire().await })
-    };
+    let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(30)));
     let channel = lock_keys(&key).channel;
     let others: Vec<&RedisServer> = (0..NODES)
         .filter(|i| *i != gate)
@@ -961,10 +962,7 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     )
     .await;
     guard.release().await.unwrap();
-    let got = bounded(Duration::from_secs(5), "the waiter's acquire", waiting)
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("four of five nodes up: {e:?}"));
+    let got = granted_soon(waiting, "four of five nodes up").await;
     masters.nodes[gate].thaw();
     got.release().await.unwrap();
 }
