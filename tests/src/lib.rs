@@ -23,6 +23,7 @@
 //! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set. With the `etcd`
 //! feature, [`EtcdCluster`] starts `etcd` members (from `PATH`, or `LOCK_TESTS_ETCD`).
 
+pub mod campaign;
 pub mod capture;
 mod harness;
 pub mod history;

@@ -1,0 +1,685 @@
+//! The campaign's checker. It knows nothing of the lock library: it reads the recorded
+//! [`Op`], [`Write`] and [`Fault`] lines and decides, per key, whether the history is possible
+//! under the library's promises.
+//!
+//! A hold's interval runs from right after `acquire` returned to [`Op::effective_end_ns`]; it lies
+//! inside the interval in which the library said the lock was ours (or the holder acted on it),
+//! so two intervals that overlap prove two holders at once. The rules:
+//!
+//! - an exclusive hold (plain, fair, writer, several keys) overlaps no other hold of any of its
+//!   keys; shared holds overlap only shared holds; at most N holders of an N-permit key;
+//! - fencing tokens of exclusive holds strictly grow per key: a hold's token is larger than that
+//!   of every exclusive hold of the key that ended before it began;
+//! - no release returned `Ok` after the holder saw its lock lost;
+//! - every acquire answered within its `wait` + one request timeout + slack, unless its worker
+//!   was paused (SIGSTOP) during the call;
+//! - the fenced register never accepted a write whose token is smaller than one it had accepted
+//!   before that write was sent;
+//! - after the last fault healed, every key in use is held again within one ttl (+ slack).
+//!
+//! An overlap while a fault of a documented-limit kind ([`FaultKind::is_documented_limit`]) was
+//! active, or had ended less than a ttl before (the stale holder hears of it at its next
+//! renewal), is reported as a documented limit, not a violation; for a paused worker, the pause
+//! must be that of one of the two holders.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::record::{Fault, FaultKind, Op, Outcome, Release, Write, WriteResult};
+use crate::sections::Kind;
+
+/// The bounds a history is checked against (all in ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// The ttl the workers asked for.
+    pub ttl_ns: u64,
+    /// One request timeout: `connect_timeout + response_timeout`.
+    pub request_ns: u64,
+    /// Scheduling slack on a loaded machine, added to the wait bound and the heal bound.
+    pub slack_ns: u64,
+    /// When the last fault healed (the quiet phase began)...
+    pub healed_ns: u64,
+    /// ...and when the workers stopped asking.
+    pub end_ns: u64,
+}
+
+/// Holds of one key that were held at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    /// The key.
+    pub key: String,
+    /// The holds, earliest first.
+    pub holds: Vec<Op>,
+    /// The documented-limit fault that explains it, if any.
+    pub fault: Option<Fault>,
+}
+
+/// Why a history breaks a promise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// Holds that excluded each other were held at once, with no documented-limit fault about.
+    Overlap(Overlap),
+    /// `later` began after `earlier` ended, with a token that is not larger.
+    FenceNotIncreasing {
+        /// The key.
+        key: String,
+        /// The hold with the largest token among those that ended before `later` began.
+        earlier: Op,
+        /// The hold whose token did not grow.
+        later: Op,
+    },
+    /// The release said `Ok` though the holder had seen the lock lost.
+    SuccessAfterLoss(Op),
+    /// The acquire took longer than its bound.
+    WaitOverrun {
+        /// The call.
+        op: Op,
+        /// Its bound, in ns.
+        bound_ns: u64,
+    },
+    /// The register accepted `write` after it had accepted the larger token of `newer`.
+    StaleWriteAccepted {
+        /// The stale write.
+        write: Write,
+        /// The accepted write with a larger token that returned before `write` was sent.
+        newer: Write,
+    },
+    /// After the faults healed, nobody held `key` within the bound, though workers asked for it.
+    NoGrantAfterHeal {
+        /// The key.
+        key: String,
+        /// Asks for it in the window, and how each ended.
+        asked: BTreeMap<Outcome, usize>,
+    },
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Broken promises: the run fails if there is one.
+    pub violations: Vec<Violation>,
+    /// Overlaps explained by a documented-limit fault.
+    pub documented: Vec<Overlap>,
+    /// Of those, the ones where the stale holder wrote to the register after the newer holder
+    /// had, and every such write was rejected.
+    pub documented_fenced: usize,
+    /// Register writes accepted, rejected as stale, and failed.
+    pub writes: BTreeMap<WriteResult, usize>,
+    /// Acquires by outcome.
+    pub outcomes: BTreeMap<Outcome, usize>,
+    /// Releases of grants by outcome.
+    pub releases: BTreeMap<Release, usize>,
+    /// Acquires left out of the wait bound: their worker was paused meanwhile.
+    pub paused_acquires: usize,
+}
+
+impl Report {
+    /// Whether no promise was broken.
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Checks `ops`, `writes` and `faults` against `bounds`.
+pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) -> Report {
+    let mut report = Report::default();
+    for op in ops {
+        *report.outcomes.entry(op.outcome).or_default() += 1;
+        if op.outcome == Outcome::Acquired {
+            *report.releases.entry(op.release).or_default() += 1;
+        }
+    }
+    for write in writes {
+        *report.writes.entry(write.result).or_default() += 1;
+    }
+    let granted: Vec<&Op> = ops
+        .iter()
+        .filter(|op| op.outcome == Outcome::Acquired)
+        .collect();
+    let mut keys: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in &granted {
+        for key in &op.keys {
+            keys.entry(key.as_str()).or_default().push(op);
+        }
+    }
+    for (key, holds) in &keys {
+        for overlap in overlaps(key, holds) {
+            match documented_by(&overlap, faults, bounds) {
+                Some(fault) => {
+                    if stale_writer_fenced(&overlap, writes) {
+                        report.documented_fenced += 1;
+                    }
+                    report.documented.push(Overlap {
+                        fault: Some(fault.clone()),
+                        ..overlap
+                    });
+                }
+                None => report.violations.push(Violation::Overlap(overlap)),
+            }
+        }
+        report.violations.extend(fences(key, holds));
+    }
+    for op in &granted {
+        if op.lost_ns > 0 && op.release == Release::Ok {
+            report
+                .violations
+                .push(Violation::SuccessAfterLoss((*op).clone()));
+        }
+    }
+    for op in ops {
+        let bound_ns = op.wait_ms * 1_000_000 + bounds.request_ns + bounds.slack_ns;
+        if op.took_ns() <= bound_ns {
+            continue;
+        }
+        if paused_during(op, faults) {
+            report.paused_acquires += 1;
+        } else {
+            report.violations.push(Violation::WaitOverrun {
+                op: op.clone(),
+                bound_ns,
+            });
+        }
+    }
+    report.violations.extend(stale_writes(writes));
+    report.violations.extend(unhealed(ops, bounds));
+    report
+}
+
+/// Every group of holds of `key` held at once that the kinds forbid.
+fn overlaps(key: &str, holds: &[&Op]) -> Vec<Overlap> {
+    let mut by_start = holds.to_vec();
+    by_start.sort_by_key(|op| (op.hold_start_ns, op.effective_end_ns()));
+    let mut active: Vec<&Op> = Vec::new();
+    let mut found = Vec::new();
+    for hold in by_start {
+        active.retain(|a| a.effective_end_ns() > hold.hold_start_ns);
+        let clash: Vec<&Op> = match hold.kind {
+            Kind::Permits(n) => {
+                let permits = active
+                    .iter()
+                    .filter(|a| matches!(a.kind, Kind::Permits(_)))
+                    .count();
+                let others = active.iter().filter(|a| a.is_exclusive()).copied();
+                if permits + 1 > n as usize {
+                    active.clone()
+                } else {
+                    others.collect()
+                }
+            }
+            _ => active
+                .iter()
+                .filter(|a| hold.is_exclusive() || a.is_exclusive())
+                .copied()
+                .collect(),
+        };
+        if !clash.is_empty() {
+            let mut group: Vec<Op> = clash.into_iter().cloned().collect();
+            group.push(hold.clone());
+            found.push(Overlap {
+                key: key.to_owned(),
+                holds: group,
+                fault: None,
+            });
+        }
+        active.push(hold);
+    }
+    found
+}
+
+fn span(overlap: &Overlap) -> (u64, u64) {
+    let start = overlap.holds.iter().map(|h| h.hold_start_ns).min();
+    let end = overlap.holds.iter().map(Op::effective_end_ns).max();
+    (start.unwrap_or(0), end.unwrap_or(0))
+}
+
+/// The documented-limit fault active (or healed less than a ttl before) while the holds were
+/// held; for a paused worker, one of the holders.
+fn documented_by<'a>(overlap: &Overlap, faults: &'a [Fault], bounds: &Bounds) -> Option<&'a Fault> {
+    let (start, end) = span(overlap);
+    faults.iter().find(|f| {
+        f.kind.is_documented_limit()
+            && f.start_ns < end
+            && start < f.end_ns + bounds.ttl_ns
+            && f.pid
+                .is_none_or(|pid| overlap.holds.iter().any(|h| h.pid == pid))
+    })
+}
+
+/// Whether the holder with the smaller token wrote to the register after the newer holder's
+/// first accepted write and each such write was rejected (false when it did not write then).
+fn stale_writer_fenced(overlap: &Overlap, writes: &[Write]) -> bool {
+    let key = &overlap.key;
+    let newest = overlap.holds.iter().max_by_key(|h| h.fence_of(key));
+    let Some(newest) = newest else { return false };
+    let of = |hold: &Op| {
+        let (pid, fence) = (hold.pid, hold.fence_of(key));
+        writes
+            .iter()
+            .filter(move |w| w.pid == pid && &w.key == key && w.fence == fence)
+    };
+    let Some(first_new) = of(newest)
+        .filter(|w| w.result == WriteResult::Accepted)
+        .map(|w| w.done_ns)
+        .min()
+    else {
+        return false;
+    };
+    let late: Vec<&Write> = overlap
+        .holds
+        .iter()
+        .filter(|h| h.fence_of(key) < newest.fence_of(key))
+        .flat_map(of)
+        .filter(|w| w.invoke_ns > first_new)
+        .collect();
+    !late.is_empty() && late.iter().all(|w| w.result == WriteResult::Rejected)
+}
+
+/// Tokens of exclusive holds of `key` that do not grow over one that ended before they began.
+fn fences(key: &str, holds: &[&Op]) -> Vec<Violation> {
+    let exclusive: Vec<&Op> = holds
+        .iter()
+        .filter(|h| h.is_exclusive() && h.fence_of(key) > 0)
+        .copied()
+        .collect();
+    let mut by_start = exclusive.clone();
+    by_start.sort_by_key(|h| h.hold_start_ns);
+    let mut by_end = exclusive;
+    by_end.sort_by_key(|h| h.effective_end_ns());
+    let mut ended = by_end.iter().peekable();
+    let mut largest: Option<&Op> = None;
+    let mut found = Vec::new();
+    for hold in by_start {
+        while let Some(done) = ended.next_if(|h| h.effective_end_ns() <= hold.hold_start_ns) {
+            if largest.is_none_or(|l| done.fence_of(key) > l.fence_of(key)) {
+                largest = Some(done);
+            }
+        }
+        if let Some(earlier) = largest.filter(|l| l.fence_of(key) >= hold.fence_of(key)) {
+            found.push(Violation::FenceNotIncreasing {
+                key: key.to_owned(),
+                earlier: earlier.clone(),
+                later: hold.clone(),
+            });
+        }
+    }
+    found
+}
+
+fn paused_during(op: &Op, faults: &[Fault]) -> bool {
+    faults.iter().any(|f| {
+        f.kind == FaultKind::ClientPause
+            && f.pid == Some(op.pid)
+            && f.start_ns < op.done_ns
+            && op.invoke_ns < f.end_ns
+    })
+}
+
+/// Accepted writes whose token is smaller than that of an accepted write of the same key that
+/// returned before they were sent.
+fn stale_writes(writes: &[Write]) -> Vec<Violation> {
+    let mut per_key: BTreeMap<&str, Vec<&Write>> = BTreeMap::new();
+    for write in writes {
+        per_key.entry(&write.key).or_default().push(write);
+    }
+    let mut found = Vec::new();
+    for writes in per_key.values() {
+        let mut by_invoke = writes.clone();
+        by_invoke.sort_by_key(|w| w.invoke_ns);
+        let mut by_done: Vec<&Write> = writes
+            .iter()
+            .filter(|w| w.result == WriteResult::Accepted)
+            .copied()
+            .collect();
+        by_done.sort_by_key(|w| w.done_ns);
+        let mut done = by_done.iter().peekable();
+        let mut largest: Option<&Write> = None;
+        for write in by_invoke {
+            while let Some(before) = done.next_if(|w| w.done_ns < write.invoke_ns) {
+                if largest.is_none_or(|l| before.fence > l.fence) {
+                    largest = Some(before);
+                }
+            }
+            if let Some(newer) =
+                largest.filter(|l| write.result == WriteResult::Accepted && l.fence > write.fence)
+            {
+                found.push(Violation::StaleWriteAccepted {
+                    write: write.clone(),
+                    newer: (*newer).clone(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Keys asked for after the heal that nobody held within a ttl (+ slack) of it.
+fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
+    let window_end = bounds.healed_ns + bounds.ttl_ns + bounds.slack_ns;
+    if window_end > bounds.end_ns {
+        return Vec::new();
+    }
+    let mut asked: BTreeMap<&str, BTreeMap<Outcome, usize>> = BTreeMap::new();
+    let mut held: BTreeMap<&str, bool> = BTreeMap::new();
+    for op in ops {
+        for key in &op.keys {
+            if op.invoke_ns >= bounds.healed_ns && op.invoke_ns < window_end {
+                *asked.entry(key).or_default().entry(op.outcome).or_default() += 1;
+            }
+            let in_window = op.outcome == Outcome::Acquired
+                && op.hold_start_ns <= window_end
+                && op.effective_end_ns() >= bounds.healed_ns;
+            *held.entry(key).or_default() |= in_window;
+        }
+    }
+    asked
+        .into_iter()
+        .filter(|(key, _)| !held.get(key).copied().unwrap_or(false))
+        .map(|(key, asked)| Violation::NoGrantAfterHeal {
+            key: key.to_owned(),
+            asked,
+        })
+        .collect()
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} holds of {} at once", self.holds.len(), self.key)?;
+        if let Some(fault) = &self.fault {
+            write!(f, " during {fault}")?;
+        }
+        for hold in &self.holds {
+            write!(f, "\n  {hold}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Overlap(overlap) => write!(f, "overlap: {overlap}"),
+            Violation::FenceNotIncreasing {
+                key,
+                earlier,
+                later,
+            } => write!(
+                f,
+                "fencing token of {key} went from {} to {}\n  {earlier}\n  {later}",
+                earlier.fence_of(key),
+                later.fence_of(key)
+            ),
+            Violation::SuccessAfterLoss(op) => {
+                write!(f, "release returned Ok after the loss was seen\n  {op}")
+            }
+            Violation::WaitOverrun { op, bound_ns } => write!(
+                f,
+                "acquire took {} ms, bound {} ms\n  {op}",
+                op.took_ns() / 1_000_000,
+                bound_ns / 1_000_000
+            ),
+            Violation::StaleWriteAccepted { write, newer } => write!(
+                f,
+                "register accepted a stale write\n  {write}\n  after {newer}"
+            ),
+            Violation::NoGrantAfterHeal { key, asked } => write!(
+                f,
+                "nobody held {key} within a ttl of the heal; asks in that window: {asked:?}"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            ttl_ns: 1000 * MS,
+            request_ns: 700 * MS,
+            slack_ns: 300 * MS,
+            healed_ns: 10_000 * MS,
+            end_ns: 20_000 * MS,
+        }
+    }
+
+    /// A clean exclusive hold of `key` by `pid` from `start` to `end` ms with token `fence`,
+    /// asked 1 ms before with a wait of 500 ms.
+    fn hold(pid: u32, key: &str, fence: u64, start: u64, end: u64) -> Op {
+        Op {
+            pid,
+            task: 0,
+            kind: Kind::Exclusive,
+            keys: vec![key.to_owned()],
+            blocking: false,
+            wait_ms: 500,
+            invoke_ns: (start - 1) * MS,
+            done_ns: start * MS,
+            outcome: Outcome::Acquired,
+            fences: vec![fence],
+            hold_start_ns: start * MS,
+            hold_end_ns: end * MS,
+            valid_ns: end * MS,
+            lost_ns: 0,
+            wrote_ns: 0,
+            release: Release::Ok,
+        }
+    }
+
+    fn with_kind(mut op: Op, kind: Kind) -> Op {
+        op.kind = kind;
+        op
+    }
+
+    fn write(pid: u32, fence: u64, at: u64, result: WriteResult) -> Write {
+        Write {
+            pid,
+            key: "k".into(),
+            fence,
+            invoke_ns: at * MS,
+            done_ns: (at + 1) * MS,
+            result,
+        }
+    }
+
+    fn clean_history() -> Vec<Op> {
+        vec![
+            hold(1, "k", 1, 1, 10),
+            hold(2, "k", 2, 10, 20),
+            hold(1, "k", 3, 25, 30),
+            with_kind(hold(3, "r", 1, 1, 10), Kind::Shared),
+            with_kind(hold(4, "r", 2, 5, 12), Kind::Shared),
+            with_kind(hold(3, "p", 0, 1, 10), Kind::Permits(2)),
+            with_kind(hold(4, "p", 0, 2, 10), Kind::Permits(2)),
+            with_kind(hold(5, "p", 0, 10, 11), Kind::Permits(2)),
+        ]
+    }
+
+    fn violations(ops: &[Op], writes: &[Write], faults: &[Fault]) -> Vec<Violation> {
+        check(ops, writes, faults, &bounds()).violations
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let writes = [
+            write(1, 1, 2, WriteResult::Accepted),
+            write(2, 2, 11, WriteResult::Accepted),
+            write(1, 1, 13, WriteResult::Rejected),
+        ];
+        let report = check(&clean_history(), &writes, &[], &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.outcomes.get(&Outcome::Acquired), Some(&8));
+        assert_eq!(report.writes.get(&WriteResult::Rejected), Some(&1));
+    }
+
+    #[test]
+    fn an_overlap_is_reported() {
+        let mut ops = clean_history();
+        // Granted while pid 2 held k (10..20); its token alone is in order.
+        ops.push(hold(3, "k", 2, 15, 16));
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::Overlap(o)] if o.key == "k" && o.holds.len() == 2 && o.holds[0].pid == 2 && o.holds[1].pid == 3),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_writer_among_readers_and_a_permit_too_many_are_reported() {
+        let mut ops = clean_history();
+        ops.push(hold(6, "r", 3, 6, 7));
+        ops.push(with_kind(hold(6, "p", 0, 3, 4), Kind::Permits(2)));
+        let found = violations(&ops, &[], &[]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|v| matches!(v, Violation::Overlap(o) if o.key == "r"))
+        );
+        assert!(
+            found
+                .iter()
+                .any(|v| matches!(v, Violation::Overlap(o) if o.key == "p" && o.holds.len() == 3))
+        );
+    }
+
+    #[test]
+    fn a_key_of_a_multi_key_hold_conflicts_with_its_single_holder() {
+        let mut both = hold(7, "j", 5, 40, 50);
+        both.keys = vec!["j".into(), "k".into()];
+        both.fences = vec![5, 9];
+        let mut ops = clean_history();
+        ops.push(both);
+        assert!(violations(&ops, &[], &[]).is_empty());
+        ops.push(hold(8, "k", 10, 45, 46));
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::Overlap(o)] if o.key == "k"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_token_that_does_not_grow_is_reported() {
+        let mut ops = clean_history();
+        ops[2].fences = vec![2];
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::FenceNotIncreasing { earlier, later, .. }] if earlier.pid == 2 && later.hold_start_ns == 25 * MS),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_success_after_the_loss_was_seen_is_reported() {
+        let mut ops = clean_history();
+        ops[0].lost_ns = 8 * MS;
+        ops[0].valid_ns = 7 * MS;
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::SuccessAfterLoss(op)] if op.pid == 1),
+            "{found:?}"
+        );
+        ops[0].release = Release::Lost;
+        assert!(violations(&ops, &[], &[]).is_empty());
+    }
+
+    #[test]
+    fn a_wait_overrun_is_reported_unless_the_worker_was_paused() {
+        let mut ops = clean_history();
+        let mut slow = hold(9, "q", 1, 3000, 3001);
+        slow.invoke_ns = 1000 * MS;
+        slow.outcome = Outcome::Contended;
+        ops.push(slow);
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::WaitOverrun { op, bound_ns }] if op.pid == 9 && *bound_ns == 1500 * MS),
+            "{found:?}"
+        );
+        let pause = Fault {
+            kind: FaultKind::ClientPause,
+            target: "worker 9".into(),
+            pid: Some(9),
+            start_ns: 1200 * MS,
+            end_ns: 2500 * MS,
+        };
+        let report = check(&ops, &[], &[pause], &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.paused_acquires, 1);
+    }
+
+    #[test]
+    fn an_overlap_during_a_documented_fault_is_classified_and_its_stale_writer_checked() {
+        // Worker 1 is paused while it holds k; worker 2 is granted k meanwhile, and worker 1's
+        // write after the pause is refused by the register.
+        let mut stale = hold(1, "k", 1, 1, 3000);
+        stale.lost_ns = 3000 * MS;
+        stale.valid_ns = 100 * MS;
+        stale.wrote_ns = 2901 * MS;
+        stale.release = Release::Lost;
+        let ops = [stale, hold(2, "k", 2, 1200, 1300)];
+        let writes = [
+            write(1, 1, 2, WriteResult::Accepted),
+            write(2, 2, 1201, WriteResult::Accepted),
+            write(1, 1, 2900, WriteResult::Rejected),
+        ];
+        let pause = Fault {
+            kind: FaultKind::ClientPause,
+            target: "worker 1".into(),
+            pid: Some(1),
+            start_ns: 200 * MS,
+            end_ns: 2800 * MS,
+        };
+        let found = violations(&ops, &writes, &[]);
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        let report = check(&ops, &writes, &[pause.clone()], &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.documented.len(), 1);
+        assert_eq!(report.documented_fenced, 1);
+        // A pause of a third worker explains nothing.
+        let other = Fault {
+            pid: Some(3),
+            ..pause
+        };
+        assert_eq!(
+            check(&ops, &writes, &[other], &bounds()).documented.len(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_stale_write_the_register_accepted_is_reported() {
+        let writes = [
+            write(2, 2, 10, WriteResult::Accepted),
+            write(1, 1, 20, WriteResult::Accepted),
+        ];
+        let found = violations(&clean_history(), &writes, &[]);
+        assert!(
+            matches!(&found[..], [Violation::StaleWriteAccepted { write, newer }] if write.fence == 1 && newer.fence == 2),
+            "{found:?}"
+        );
+        // Concurrent writes (the newer one had not returned when the older was sent) are fine.
+        let concurrent = [
+            write(2, 2, 10, WriteResult::Accepted),
+            write(1, 1, 10, WriteResult::Accepted),
+        ];
+        assert!(violations(&clean_history(), &concurrent, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_key_nobody_holds_after_the_heal_is_reported() {
+        let mut ops = clean_history();
+        let mut refused = hold(1, "k", 0, 10_500, 10_500);
+        refused.outcome = Outcome::Unavailable;
+        ops.push(refused);
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::NoGrantAfterHeal { key, .. }] if key == "k"),
+            "{found:?}"
+        );
+        ops.push(hold(2, "k", 9, 11_000, 11_010));
+        assert!(violations(&ops, &[], &[]).is_empty());
+    }
+}
