@@ -296,6 +296,11 @@ pub(crate) async fn acquire(
     // it, so those ask again (the attempt finds the lock theirs).
     let take_word = matches!(backend, Backend::One(_)) && settings.min_replicas.is_none();
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
+    // The promise: an acquire answers within its wait plus one request timeout, whatever the
+    // servers do.
+    let answer_by = req
+        .give_up
+        .and_then(|g| g.checked_add(settings.request_timeout()));
     let result = loop {
         strategy.before_attempt();
         attempts += 1;
@@ -315,7 +320,22 @@ pub(crate) async fn acquire(
                 .map_or(req.ttl, |g| g.saturating_duration_since(attempt_start))
                 .min(req.ttl),
         };
-        let attempt = backend.acquire(&req.names, &token, ask).await;
+        // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
+        // `min_replicas` or a fence seeding failed, Cluster's slot groups): it is cut at the
+        // bound, and its outcome is then unknown.
+        let attempt = match answer_by {
+            Some(by) => {
+                tokio::time::timeout_at(by.into(), backend.acquire(&req.names, &token, ask))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(vec![NodeFailure::timeout(
+                            backend.label(),
+                            "acquire within wait plus one request timeout",
+                        )])
+                    })
+            }
+            None => backend.acquire(&req.names, &token, ask).await,
+        };
         let now = Instant::now();
         let failures = match attempt {
             Ok(Attempt::Acquired { fences }) => {
@@ -385,11 +405,11 @@ pub(crate) async fn acquire(
             break Err(unavailable(&req.names[0], failures));
         }
         if past(now) {
-            if !unsure {
+            if !unsure || answer_by.is_some_and(|by| now >= by) {
                 break Err(unavailable(&req.names[0], failures));
             }
             // The last outcome is unknown: ask once more with the same token (the acquire
-            // script answers "ours" for it) rather than guess.
+            // script answers "ours" for it) rather than guess, within what is left of the bound.
             final_try = true;
             continue;
         }

@@ -776,6 +776,11 @@ impl Settings {
         ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
     }
 
+    /// The bound of one request: a reconnect, then the answer.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.connect_timeout.saturating_add(self.response_timeout)
+    }
+
     /// How often a lock with this TTL is renewed.
     pub(crate) fn renew_every(&self, ttl: Duration) -> Duration {
         self.renew_interval.unwrap_or(ttl / 3)

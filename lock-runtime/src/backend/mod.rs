@@ -319,6 +319,14 @@ impl Backend {
         }
     }
 
+    /// What a failure of the whole backend names as its node: the node's address, or `quorum`.
+    pub(crate) fn label(&self) -> &str {
+        match self {
+            Backend::One(node) => node.addr(),
+            Backend::Quorum(_) => "quorum",
+        }
+    }
+
     /// The node, when the backend is one node that answers at once (in memory).
     pub(crate) fn at_once(&self) -> Option<&dyn AtOnce> {
         match self {

@@ -302,9 +302,7 @@ impl Calls {
             seeded: Seeded::new(),
             addr,
             prefix: settings.key_prefix.clone(),
-            deadline: settings
-                .connect_timeout
-                .saturating_add(settings.response_timeout),
+            deadline: settings.request_timeout(),
             publish,
             replicas: settings.min_replicas.map(|count| MinReplicas {
                 count,

@@ -1,0 +1,163 @@
+//! `wait` is a bound: whatever the servers do, an acquire answers within its wait plus one request
+//! timeout (`connect_timeout + response_timeout`), also when its last attempt's outcome is unknown
+//! and when one attempt takes several requests (Redlock's fence write-back, `min_replicas`).
+//!
+//! Each test stalls the link after the connection is made (a blackhole: requests are read and
+//! held, nothing is refused), proves the stalled request reached the proxy, and measures the call.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_tests::{FaultProxy, RedisMasters, RedisServer, bounded, unique_key, wait_until};
+
+const CONNECT: Duration = Duration::from_millis(100);
+const RESPONSE: Duration = Duration::from_secs(1);
+/// Timer and scheduling slack on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(250);
+
+fn client(config: LockConfig) -> LockClient {
+    LockClient::new(
+        config
+            .connect_timeout(CONNECT)
+            .response_timeout(RESPONSE)
+            .retry_delay(Duration::from_millis(50)),
+    )
+    .expect("valid lock config")
+}
+
+/// Makes one lock call so that the client's connections are up, then stalls every proxy and
+/// returns their byte counts at the stall.
+async fn connected_then_stalled(locks: &LockClient, proxies: &[&FaultProxy]) -> Vec<u64> {
+    let warm = unique_key("bound:warm");
+    locks
+        .lock(&warm)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxies
+        .iter()
+        .map(|p| {
+            p.set_blackhole(true);
+            p.bytes_up()
+        })
+        .collect()
+}
+
+/// Acquires `key` with `wait` and returns how long the call took and what it answered, after
+/// checking that the stalled requests reached the proxies (the stall was what the call met).
+async fn timed_acquire(
+    locks: &LockClient,
+    key: &str,
+    wait: Duration,
+    proxies: &[&FaultProxy],
+    before: &[u64],
+) -> (Duration, Result<(), LockError>) {
+    let started = Instant::now();
+    let result = bounded(
+        Duration::from_secs(30),
+        "stalled acquire",
+        locks
+            .lock(key)
+            .ttl(Duration::from_secs(10))
+            .wait(wait)
+            .acquire(),
+    )
+    .await
+    .map(drop);
+    let took = started.elapsed();
+    for (proxy, before) in proxies.iter().zip(before) {
+        assert!(
+            proxy.bytes_up() > *before,
+            "the acquire never reached the stalled link"
+        );
+    }
+    (took, result)
+}
+
+fn assert_unavailable_within(
+    what: &str,
+    took: Duration,
+    result: &Result<(), LockError>,
+    wait: Duration,
+) {
+    let bound = wait + CONNECT + RESPONSE + SLACK;
+    eprintln!("{what}: {result:?} after {took:?} (bound {bound:?})");
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{what}: expected Unavailable, got {result:?}"
+    );
+    assert!(
+        took <= bound,
+        "{what}: answered after {took:?}, bound {bound:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_single_node_answers_within_wait_plus_one_request_timeout() {
+    let server = RedisServer::start();
+    for wait in [Duration::ZERO, Duration::from_millis(400)] {
+        let proxy = FaultProxy::start(server.port());
+        let locks = client(LockConfig::single(proxy.url()));
+        let before = connected_then_stalled(&locks, &[&proxy]).await;
+        let key = unique_key("bound:single");
+        let (took, result) = timed_acquire(&locks, &key, wait, &[&proxy], &before).await;
+        assert_unavailable_within(&format!("single node, wait {wait:?}"), took, &result, wait);
+        // The held request lands once the link heals: the failed call's cleanup takes it back.
+        proxy.set_blackhole(false);
+        let mut admin = server.admin();
+        let lock_key = lock_tests::lock_keys(&key).lock;
+        wait_until(RESPONSE * 3, "the late grant withdrawn", || {
+            !redis::cmd("EXISTS")
+                .arg(&lock_key)
+                .query::<bool>(&mut admin)
+                .unwrap()
+        });
+    }
+}
+
+/// Redlock over `n` masters, each behind a proxy of its own.
+fn proxied_redlock(n: usize) -> (RedisMasters, Vec<FaultProxy>, LockClient) {
+    let masters = RedisMasters::start(n);
+    let proxies: Vec<FaultProxy> = masters
+        .nodes
+        .iter()
+        .map(|s| FaultProxy::start(s.port()))
+        .collect();
+    let locks = client(LockConfig::redlock(proxies.iter().map(FaultProxy::url)).fencing(true));
+    (masters, proxies, locks)
+}
+
+#[tokio::test]
+async fn a_stalled_redlock_majority_answers_within_wait_plus_one_request_timeout() {
+    let (_masters, proxies, locks) = proxied_redlock(3);
+    // Two of three stalled: no quorum can be won or ruled out until their requests time out.
+    let stalled: Vec<&FaultProxy> = proxies.iter().take(2).collect();
+    let before = connected_then_stalled(&locks, &stalled).await;
+    let wait = Duration::from_millis(300);
+    let key = unique_key("bound:redlock");
+    let (took, result) = timed_acquire(&locks, &key, wait, &stalled, &before).await;
+    assert_unavailable_within("redlock, majority stalled", took, &result, wait);
+}
+
+#[tokio::test]
+async fn redlocks_fence_write_back_fits_in_the_bound() {
+    // Three nodes, one stalled: the quorum needs the other two, and one of them answers each
+    // request after 0.8 s (0.4 s each way). The grant's quorum comes after 0.8 s, the fence
+    // write-back to a quorum after another 0.8 s: two requests in one attempt, which must
+    // still fit in one request timeout past the (zero) wait. Granted without its fences
+    // written back, it is no grant: `Unavailable`.
+    let (_masters, proxies, locks) = proxied_redlock(3);
+    let mut before = connected_then_stalled(&locks, &[&proxies[2]]).await;
+    proxies[1].set_delay(Duration::from_millis(400));
+    before.push(proxies[1].bytes_up());
+    let wait = Duration::ZERO;
+    let key = unique_key("bound:raise");
+    let asked = [&proxies[2], &proxies[1]];
+    let (took, result) = timed_acquire(&locks, &key, wait, &asked, &before).await;
+    assert_unavailable_within("redlock, slow fence write-back", took, &result, wait);
+}
