@@ -22,6 +22,8 @@ pub struct LockGuard {
     /// Set once the release was started (by `release*`, or by the drop).
     released: bool,
     /// A nested call that joined the hold of its task or thread: the outermost guard releases.
+    /// Once it did, this guard holds nothing: it reports the lock lost (it may have escaped the
+    /// outer call, and someone else may hold the key by now).
     joined: bool,
 }
 
@@ -49,7 +51,7 @@ impl LockGuard {
     /// A guard for a nested call that joins `hold`, held by its task or thread: `Err(Lost)` when
     /// that hold is lost already.
     pub(crate) fn joined(engine: Arc<Engine>, hold: Arc<Hold>) -> Result<Self, LockError> {
-        if hold.check_lost() {
+        if hold.check_lost() || hold.is_released() {
             return Err(LockError::Lost {
                 key: hold.lost_name().to_owned(),
             });
@@ -93,13 +95,27 @@ impl LockGuard {
 
     /// True once the lock has been lost: renewal was refused, or its validity ran out before a
     /// renewal was confirmed (checked now, on the monotonic clock). A lost lock stays lost.
+    ///
+    /// A guard of a nested call that joined an outer hold (see
+    /// [`Lock::reentrant`](crate::Lock::reentrant)) is also lost once the outer holder released.
     pub fn is_lost(&self) -> bool {
-        self.hold.check_lost()
+        self.hold.check_lost() || (self.joined && self.hold.is_released())
     }
 
-    /// Resolves when the lock is declared lost (never, if it is released first while still held).
+    /// Resolves when the lock is declared lost (never, if it is released first while still held),
+    /// or, for a guard that joined an outer hold, when the outer holder released.
+    #[allow(clippy::manual_async_fn, reason = "the signature promises `Send`")]
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.hold.lost()
+        async move {
+            if self.joined {
+                tokio::select! {
+                    () = self.hold.lost() => {}
+                    () = self.hold.released() => {}
+                }
+            } else {
+                self.hold.lost().await;
+            }
+        }
     }
 
     /// Releases the lock. `Err(Lost)` when it was no longer ours (lost before, or found taken at
@@ -141,7 +157,7 @@ impl LockGuard {
 impl LockGuard {
     /// A joined guard lets go without releasing: the outermost holder releases.
     fn joined_outcome(&self) -> Result<(), LockError> {
-        if self.hold.check_lost() {
+        if self.is_lost() {
             Err(LockError::Lost {
                 key: self.hold.lost_name().to_owned(),
             })
@@ -161,7 +177,12 @@ impl LockGuard {
             }
         };
         if self.joined {
-            body.await
+            // The outer holder's release ends this hold too.
+            tokio::select! {
+                biased;
+                out = body => out,
+                () = self.hold.released() => None,
+            }
         } else {
             scope::enter(self.engine.id(), &self.hold, body)
                 .instrument(self.hold.span.clone())

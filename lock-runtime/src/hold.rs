@@ -56,8 +56,9 @@ pub(crate) struct Hold {
     /// Raised when the holder must stop: the lock was lost (with `lost`) or `max_hold` passed.
     stop: Signal,
     max_hold_passed: AtomicBool,
-    /// Set when the holder lets go (release, drop, shutdown): renewal stops.
-    released: AtomicBool,
+    /// Raised when the holder lets go (release, drop, shutdown): renewal stops, and guards that
+    /// joined this hold no longer hold anything.
+    released: Signal,
     /// Set once the hold's end was reported.
     ended: AtomicBool,
     pub(crate) labels: Labels,
@@ -83,7 +84,7 @@ impl Hold {
             lost_key: AtomicUsize::new(0),
             lost_declared: AtomicBool::new(false),
             max_hold_passed: AtomicBool::new(false),
-            released: AtomicBool::new(false),
+            released: Signal::default(),
             ended: AtomicBool::new(false),
             labels: req.labels,
             span: req.span,
@@ -186,8 +187,13 @@ impl Hold {
         self.stop.raised().await;
     }
 
+    /// Resolves once the holder let go.
+    pub(crate) async fn released(&self) {
+        self.released.raised().await;
+    }
+
     pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
+        self.released.is_raised()
     }
 
     /// Lets go of the lock: renewal stops, and a "not yours" caused by this release is not a loss.
@@ -199,7 +205,7 @@ impl Hold {
     /// [`let_go`](Self::let_go), with the clock read at `now`.
     pub(crate) fn let_go_at(&self, now: Instant) -> bool {
         let lost = self.check_lost_at(now);
-        self.released.store(true, Ordering::Release);
+        self.released.raise();
         lost
     }
 

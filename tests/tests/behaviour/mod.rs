@@ -822,6 +822,35 @@ pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
     fx.free_now(&[&key]).await;
 }
 
+/// A nested guard returned out of the outer call's body (it joined the outer hold) holds
+/// nothing once the outer call released: it reports the lock lost, its release says `Lost`, and
+/// it never claims a key that another client holds by then.
+pub(crate) async fn an_escaped_joined_guard_is_lost_once_the_outer_hold_ends(fx: &Fx) {
+    let key = unique_key("beh:escaped");
+    let escaped =
+        fx.a.lock(&key)
+            .run(async { fx.a.lock(&key).wait(Duration::ZERO).acquire().await })
+            .await
+            .unwrap();
+    assert!(escaped.is_lost(), "a joined guard outlived its hold");
+    bounded(
+        Duration::from_secs(1),
+        "the escaped guard's lost()",
+        escaped.lost(),
+    )
+    .await;
+    // Someone else holds the key now: the escaped guard must not look held beside them.
+    let other = fx.b.lock(&key).acquire().await.unwrap();
+    assert!(escaped.is_lost());
+    assert!(matches!(
+        escaped.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    assert!(!other.is_lost());
+    other.release().await.unwrap();
+    fx.all_free(&[&key]).await;
+}
+
 /// Inside a hold of {a, b}, a nested call on b joins; inside a hold of a, a nested call on
 /// {a, b} is a `Config` error naming `keys` (upgrading a held set is not atomic).
 pub(crate) async fn reentrant_subset_joins_superset_is_an_error(fx: &Fx) {
@@ -1152,6 +1181,7 @@ macro_rules! behaviour_tests {
             release_of_a_lost_lock_is_lost, multi_key_acquire_release, duplicate_keys_are_locked_once,
             held_second_key_fails_the_whole_lock, multi_key_waiter_wakes_on_any_release,
             multi_key_fencing_tokens_grow_per_key, reentrant_nested_calls_join,
+            an_escaped_joined_guard_is_lost_once_the_outer_hold_ends,
             reentrant_subset_joins_superset_is_an_error, spawned_task_inside_a_hold_waits,
             loss_reaches_every_nested_level, non_reentrant_nested_call_contends,
             max_hold_stops_an_endless_async_body, max_hold_replaces_a_late_sync_result,
