@@ -5,3 +5,4 @@
 
 pub mod check;
 pub mod record;
+pub mod workload;
