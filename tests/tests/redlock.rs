@@ -966,3 +966,67 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     masters.nodes[gate].thaw();
     got.release().await.unwrap();
 }
+
+/// A fair waiter that gives up while the lock's gate node is frozen leaves no place in line
+/// behind. It queued on the other nodes only, and the gate, which would have reported its place,
+/// never answered: its give-up must still take those entries back, or the holder's release hands
+/// those nodes to the departed waiter, and the lock stays taken by nobody until the entries'
+/// lease (the waiter's ttl) runs out.
+#[tokio::test]
+async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() {
+    use lock_runtime::__private::{KeyKind, gate_of, redis_key};
+    let masters = RedisMasters::start(3);
+    let key = unique_key("redlock:fair-frozen-gate");
+    let gate = gate_of(&key, 3);
+    let queue = redis_key("lock:", &key, KeyKind::Queue);
+    let others: Vec<&RedisServer> = (0..3)
+        .filter(|i| *i != gate)
+        .map(|i| &masters.nodes[i])
+        .collect();
+    masters.nodes[gate].freeze();
+    let holder = client(masters.urls());
+    let guard = holder.lock(&key).fair(true).acquire().await.unwrap();
+    let waiter =
+        LockClient::new(config(masters.urls()).default_ttl(Duration::from_secs(30))).unwrap();
+    let waiting = start_acquire(waiter.lock(&key).fair(true).wait(ms(300)));
+    let queued_at = |node: &RedisServer| -> u64 {
+        redis::cmd("ZCARD")
+            .arg(&queue)
+            .query(&mut node.admin())
+            .unwrap()
+    };
+    // Its first attempt puts it in line on the other nodes (so giving up has something to take
+    // back), within one request timeout.
+    wait_until_async(ms(250), "the waiter in line on the other nodes", || {
+        others.iter().all(|node| queued_at(node) == 1)
+    })
+    .await;
+    let gave_up = bounded(Duration::from_secs(5), "the waiter", waiting)
+        .await
+        .unwrap()
+        .map(drop);
+    assert!(
+        matches!(gave_up, Err(LockError::Contended { .. })),
+        "{gave_up:?}"
+    );
+    guard.release().await.unwrap();
+    let third = client(masters.urls());
+    let started = Instant::now();
+    let got = third
+        .lock(&key)
+        .fair(true)
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await;
+    masters.nodes[gate].thaw();
+    let got = got.unwrap_or_else(|e| {
+        panic!(
+            "nobody holds the lock, yet after {:?}: {e:?}",
+            started.elapsed()
+        )
+    });
+    for node in &others {
+        assert_eq!(queued_at(node), 0, "a departed waiter is still in line");
+    }
+    got.release().await.unwrap();
+}

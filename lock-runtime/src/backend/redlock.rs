@@ -319,6 +319,11 @@ impl Quorum {
         let mut failures = Vec::new();
         // A fair waiter's place in the gate's line: the one whose hand-off wakes it.
         let mut gate_ticket = None;
+        // Its place in another node's line, for when the gate did not answer: the waiter then
+        // left entries behind all the same, which its give-up must take back (the acquire loop
+        // releases when an answer carries a ticket), and it listens at the other nodes, whose
+        // hand-offs to this ticket wake it.
+        let mut other_ticket = None;
         loop {
             let (node, reply) = match first.take() {
                 Some(reply) => reply,
@@ -347,6 +352,8 @@ impl Quorum {
                 }) => {
                     if node == gate {
                         gate_ticket = ticket;
+                    } else {
+                        other_ticket = other_ticket.or(ticket);
                     }
                     // The blocking key with the shortest known remaining time.
                     let shorter = match (held, pttl) {
@@ -376,6 +383,7 @@ impl Quorum {
             }
         }
         verdict_tx.send_replace(Some(acquired));
+        let ticket = gate_ticket.or(other_ticket);
         if acquired {
             Ok(Attempt::Acquired { fences })
         } else if failures.len() > spare {
@@ -392,7 +400,7 @@ impl Quorum {
             Ok(Attempt::Held {
                 index,
                 pttl: Some(Duration::ZERO),
-                ticket: gate_ticket,
+                ticket,
             })
         } else {
             self.mark_contended(&names[0]);
@@ -400,7 +408,7 @@ impl Quorum {
             Ok(Attempt::Held {
                 index,
                 pttl,
-                ticket: gate_ticket,
+                ticket,
             })
         }
     }
