@@ -1,0 +1,192 @@
+//! The nemesis: injects faults at random times, several at once on different targets, each
+//! healed by itself within a bounded time, and logs each one ([`Fault`]).
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::record::{Fault, FaultKind};
+use crate::history::now_ns;
+
+/// What an action reports once its fault is healed: when it began and ended.
+pub type Span = (u64, u64);
+
+/// One fault the nemesis may inject. `run` injects it, waits (its duration is its own random
+/// pick), heals it and returns when, or `None` when it could not be injected (nothing is logged).
+pub struct Action<'a> {
+    /// Its kind.
+    pub kind: FaultKind,
+    /// What it hits: two actions on one target never run at once.
+    pub target: String,
+    /// For a worker pause, the worker's pid.
+    pub pid: Option<u32>,
+    /// Injects, waits, heals.
+    pub run: Box<dyn Fn(&mut fastrand::Rng) -> Option<Span> + Send + Sync + 'a>,
+}
+
+impl std::fmt::Debug for Action<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Action")
+            .field("kind", &self.kind)
+            .field("target", &self.target)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Action<'a> {
+    /// An action of `kind` on `target`.
+    pub fn new(
+        kind: FaultKind,
+        target: impl Into<String>,
+        run: impl Fn(&mut fastrand::Rng) -> Option<Span> + Send + Sync + 'a,
+    ) -> Action<'a> {
+        Action {
+            kind,
+            target: target.into(),
+            pid: None,
+            run: Box::new(run),
+        }
+    }
+}
+
+/// How the nemesis schedules.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// No fault starts after this.
+    pub until: Instant,
+    /// At most this many faults at once.
+    pub at_once: usize,
+    /// Between two fault starts: a random pause in this range, in ms.
+    pub gap_ms: (u64, u64),
+    /// Seeds every random choice.
+    pub seed: u64,
+}
+
+/// Runs random actions until `schedule.until`, then waits for those still running to heal
+/// (each heals itself within its own bound) and returns the log, in start order.
+pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
+    let mut rng = fastrand::Rng::with_seed(schedule.seed);
+    let busy: Mutex<BTreeSet<&str>> = Mutex::new(BTreeSet::new());
+    let log: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
+    // A panicking action fails the campaign at the end of the scope; until then the locks stay
+    // usable (poison is ignored).
+    thread::scope(|scope| {
+        while Instant::now() < schedule.until {
+            let gap = Duration::from_millis(rng.u64(schedule.gap_ms.0..=schedule.gap_ms.1));
+            thread::sleep(gap.min(schedule.until.saturating_duration_since(Instant::now())));
+            if Instant::now() >= schedule.until {
+                break;
+            }
+            let free: Vec<&Action<'_>> = {
+                let busy = busy.lock().unwrap_or_else(PoisonError::into_inner);
+                if busy.len() >= schedule.at_once {
+                    continue;
+                }
+                actions
+                    .iter()
+                    .filter(|a| !busy.contains(a.target.as_str()))
+                    .collect()
+            };
+            let Some(&action) = free.get(rng.usize(0..free.len().max(1))) else {
+                continue;
+            };
+            busy.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(&action.target);
+            let mut own = fastrand::Rng::with_seed(rng.u64(..));
+            let (busy, log) = (&busy, &log);
+            scope.spawn(move || {
+                let span = (action.run)(&mut own);
+                busy.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(action.target.as_str());
+                if let Some((start_ns, end_ns)) = span {
+                    log.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(Fault {
+                            kind: action.kind,
+                            target: action.target.clone(),
+                            pid: action.pid,
+                            start_ns,
+                            end_ns,
+                        });
+                }
+            });
+        }
+    });
+    let mut faults = log.into_inner().unwrap_or_else(PoisonError::into_inner);
+    faults.sort_by_key(|f| f.start_ns);
+    faults
+}
+
+/// Runs `inject`, then sleeps `hold`, then runs `heal`, and returns when it began and ended.
+pub fn for_a_while(inject: impl FnOnce(), hold: Duration, heal: impl FnOnce()) -> Option<Span> {
+    let start = now_ns();
+    inject();
+    thread::sleep(hold);
+    heal();
+    Some((start, now_ns()))
+}
+
+/// Pauses worker `pid` (SIGSTOP) for `hold`, then resumes it (SIGCONT, also if this thread
+/// unwinds meanwhile).
+pub fn pause_process(pid: u32, hold: Duration) -> Option<Span> {
+    struct Resume(Pid);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = kill(self.0, Signal::SIGCONT);
+        }
+    }
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?);
+    let start = now_ns();
+    kill(pid, Signal::SIGSTOP).ok()?;
+    let resume = Resume(pid);
+    thread::sleep(hold);
+    drop(resume);
+    Some((start, now_ns()))
+}
+
+/// A worker pause on `pid` lasting a ttl plus 200-800ms.
+pub fn pause_action<'a>(pid: u32, worker: usize, ttl: Duration) -> Action<'a> {
+    let mut action = Action::new(
+        FaultKind::ClientPause,
+        format!("worker {worker}"),
+        move |rng| pause_process(pid, ttl + Duration::from_millis(rng.u64(200..=800))),
+    );
+    action.pid = Some(pid);
+    action
+}
+
+/// A sync connection to 127.0.0.1:`port` with short timeouts, or `None` if it does not answer.
+pub fn quick_connection(port: u16) -> Option<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let timeout = Duration::from_millis(500);
+    let con = client.get_connection_with_timeout(timeout).ok()?;
+    con.set_read_timeout(Some(timeout)).ok()?;
+    con.set_write_timeout(Some(timeout)).ok()?;
+    Some(con)
+}
+
+/// `CLIENT KILL TYPE normal SKIPME yes` on the servers on `ports` (those that answer).
+pub fn kill_clients(ports: &[u16]) -> Option<Span> {
+    let start = now_ns();
+    let mut killed = 0;
+    for &port in ports {
+        if let Some(mut con) = quick_connection(port) {
+            let answer: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes")
+                .query(&mut con);
+            killed += answer.unwrap_or(0);
+        }
+    }
+    (killed > 0).then(|| (start, now_ns()))
+}

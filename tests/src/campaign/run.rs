@@ -1,0 +1,527 @@
+//! The campaign runner: one backend at a time, a topology with a fault proxy in front of each
+//! lock server where clients can be pointed at one, `campaign_worker` processes, the nemesis over
+//! the faults that topology allows, a quiet phase, the checker, and a summary row.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::check::{self, Bounds, Report};
+use super::nemesis::{self, Action, Schedule, Span, for_a_while, kill_clients, pause_action};
+use super::record::{self, FaultKind, WriteResult};
+use super::workload::register_keys;
+use crate::history::now_ns;
+use crate::{FaultProxy, RedisCluster, RedisServer, SentinelSet, Worker, finish_all, unique_key};
+
+/// The workers' connect and response timeouts (see `campaign_worker`): one request timeout.
+const REQUEST: Duration = Duration::from_millis(700);
+/// Scheduling slack on a loaded 2-core machine, on the wait bound and the heal bound.
+const SLACK: Duration = Duration::from_secs(1);
+/// How long a failover or a replica's take-over may take before the nemesis gives up on it.
+const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long and how hard a campaign runs.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// The `campaign_worker` binary.
+    pub worker_bin: String,
+    /// Per backend: faults, then the quiet phase.
+    pub run_for: Duration,
+    /// The final phase without faults.
+    pub quiet: Duration,
+    /// Worker processes (each runs one sync and two async tasks).
+    pub workers: usize,
+    /// The ttl every lock asks for.
+    pub ttl: Duration,
+    /// Seeds the workloads and the nemesis.
+    pub seed: u64,
+}
+
+impl Profile {
+    /// The quick profile (20 s per backend, 3 workers), or from the environment:
+    /// `LOCK_CAMPAIGN=long` runs 10 minutes per backend with 4 workers,
+    /// `LOCK_CAMPAIGN_SECS=N` N seconds per backend, `LOCK_CAMPAIGN_SEED=S` replays a seed
+    /// (default: from the clock, printed in the summary).
+    pub fn from_env(worker_bin: &str) -> Profile {
+        let long = std::env::var("LOCK_CAMPAIGN").is_ok_and(|v| v == "long");
+        let secs = std::env::var("LOCK_CAMPAIGN_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(if long { 600 } else { 20 });
+        let seed = std::env::var("LOCK_CAMPAIGN_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| now_ns() % 1_000_000);
+        Profile {
+            worker_bin: worker_bin.to_owned(),
+            run_for: Duration::from_secs(secs.max(8)),
+            quiet: Duration::from_secs(5),
+            workers: if long { 4 } else { 3 },
+            ttl: Duration::from_millis(1500),
+            seed,
+        }
+    }
+
+    fn millis(&self, rng: &mut fastrand::Rng, from: Duration, to: Duration) -> Duration {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(rng.u64(ms(from)..=ms(to).max(ms(from))))
+    }
+}
+
+/// What one backend's campaign saw.
+#[derive(Debug)]
+pub struct Summary {
+    /// The backend.
+    pub backend: &'static str,
+    /// The checker's findings and counts.
+    pub report: Report,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<FaultKind, usize>,
+    /// Accepted and rejected writes, as the register's own counters say.
+    pub register: (u64, u64),
+    /// Wall time, topology start included.
+    pub took: Duration,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl Summary {
+    /// Every violation, with the history lines that prove it (empty when clean), and any
+    /// disagreement between the register's counters and the recorded writes.
+    pub fn problems(&self) -> String {
+        let mut out = String::new();
+        for v in self.report.violations.iter().take(10) {
+            let _ = writeln!(out, "[{}] {v}", self.backend);
+        }
+        if self.report.violations.len() > 10 {
+            let _ = writeln!(out, "... {} in all", self.report.violations.len());
+        }
+        let recorded = |r| self.report.writes.get(&r).copied().unwrap_or(0) as u64;
+        let counted = (
+            recorded(WriteResult::Accepted),
+            recorded(WriteResult::Rejected),
+        );
+        if counted != self.register {
+            let _ = writeln!(
+                out,
+                "[{}] the register counted {:?} writes (accepted, rejected), the workers recorded {counted:?}",
+                self.backend, self.register
+            );
+        }
+        out
+    }
+}
+
+/// The summary table of `summaries`, one row per backend.
+pub fn table(summaries: &[Summary]) -> String {
+    let mut out = String::from(
+        "backend  | secs | ops   | acquired | contended | unavailable | other | release lost | \
+         violations | documented (fenced) | writes ok / stale rejected | paused acquires | faults\n",
+    );
+    for s in summaries {
+        let r = &s.report;
+        let n = |o| r.outcomes.get(&o).copied().unwrap_or(0);
+        let faults: Vec<String> = s.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(
+            out,
+            "{:<8} | {:>4} | {:>5} | {:>8} | {:>9} | {:>11} | {:>5} | {:>12} | {:>10} | {:>10} ({:>2})     | {:>8} / {:<15} | {:>15} | {} (seed {})",
+            s.backend,
+            s.took.as_secs(),
+            r.outcomes.values().sum::<usize>(),
+            n(record::Outcome::Acquired),
+            n(record::Outcome::Contended),
+            n(record::Outcome::Unavailable),
+            n(record::Outcome::Lost) + n(record::Outcome::Failed),
+            r.releases.get(&record::Release::Lost).copied().unwrap_or(0),
+            r.violations.len(),
+            r.documented.len(),
+            r.documented_fenced,
+            s.register.0,
+            s.register.1,
+            r.paused_acquires,
+            faults.join(", "),
+            s.seed,
+        );
+    }
+    out
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Key prefix of one campaign: a Cluster hash tag, so that every key lives in one slot.
+fn key_prefix() -> String {
+    format!("{{{}}}:", unique_key("campaign"))
+}
+
+/// Runs `workers` against `urls` while the nemesis runs `actions` (and pauses workers), then
+/// checks the history.
+fn campaign(
+    profile: &Profile,
+    backend: &'static str,
+    urls: &[String],
+    prefix: &str,
+    actions: Vec<Action<'_>>,
+    started: Instant,
+) -> Summary {
+    let data = RedisServer::start();
+    let run_ms = profile.run_for.as_millis().to_string();
+    let ttl_ms = profile.ttl.as_millis().to_string();
+    let start_ns = now_ns();
+    let start = Instant::now();
+    let mut workers: Vec<Worker> = (0..profile.workers)
+        .map(|i| {
+            let seed = (profile.seed * 31 + i as u64).to_string();
+            Worker::spawn(
+                &profile.worker_bin,
+                &[
+                    backend,
+                    &urls.join(","),
+                    &data.url(),
+                    prefix,
+                    &run_ms,
+                    &seed,
+                    &ttl_ms,
+                ],
+            )
+        })
+        .collect();
+    let mut actions = actions;
+    for (i, worker) in workers.iter().enumerate() {
+        actions.push(pause_action(worker.pid(), i, profile.ttl));
+    }
+    let schedule = Schedule {
+        until: start + profile.run_for.saturating_sub(profile.quiet),
+        at_once: 3,
+        gap_ms: (150, 900),
+        seed: profile.seed,
+    };
+    let faults = nemesis::run(&actions, schedule);
+    let healed_ns = now_ns();
+    let outputs = finish_all(&mut workers, profile.run_for + Duration::from_secs(30));
+    let (mut ops, mut writes) = (Vec::new(), Vec::new());
+    for (i, out) in outputs.iter().enumerate() {
+        out.assert_success(&format!("{backend} worker {i}"));
+        let (o, w) = record::parse_lines(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+        ops.extend(o);
+        writes.extend(w);
+    }
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let bounds = Bounds {
+        ttl_ns: nanos(profile.ttl),
+        request_ns: nanos(REQUEST),
+        slack_ns: nanos(SLACK),
+        healed_ns,
+        end_ns: start_ns + nanos(profile.run_for),
+    };
+    let report = check::check(&ops, &writes, &faults, &bounds);
+    let mut faults_by_kind = BTreeMap::new();
+    for fault in &faults {
+        *faults_by_kind.entry(fault.kind).or_default() += 1;
+    }
+    Summary {
+        backend,
+        report,
+        faults: faults_by_kind,
+        register: register_counts(&data, prefix),
+        took: started.elapsed(),
+        seed: profile.seed,
+    }
+}
+
+/// The register's own counts of accepted and rejected writes, over every key of the run.
+fn register_counts(data: &RedisServer, prefix: &str) -> (u64, u64) {
+    let mut con = data.admin();
+    let mut count = |part: usize| -> u64 {
+        super::workload::keys(prefix)
+            .iter()
+            .map(|key| {
+                redis::cmd("GET")
+                    .arg(&register_keys(key)[part])
+                    .query::<Option<u64>>(&mut con)
+                    .unwrap_or(None)
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    (count(1), count(2))
+}
+
+/// Latency, blackhole and reset on each proxy.
+fn link_actions<'a>(proxies: &'a [FaultProxy], profile: &Profile) -> Vec<Action<'a>> {
+    let mut actions = Vec::new();
+    for (i, proxy) in proxies.iter().enumerate() {
+        let target = format!("link {i}");
+        let p = profile.clone();
+        actions.push(Action::new(FaultKind::Latency, &target, move |rng| {
+            let delay = Duration::from_millis(rng.u64(20..=300));
+            let hold = p.millis(rng, Duration::from_millis(500), Duration::from_secs(3));
+            for_a_while(
+                || proxy.set_delay(delay),
+                hold,
+                || proxy.set_delay(Duration::ZERO),
+            )
+        }));
+        let p = profile.clone();
+        actions.push(Action::new(FaultKind::Blackhole, &target, move |rng| {
+            let hold = p.millis(rng, Duration::from_millis(200), 2 * p.ttl);
+            for_a_while(
+                || proxy.set_blackhole(true),
+                hold,
+                || proxy.set_blackhole(false),
+            )
+        }));
+        actions.push(Action::new(FaultKind::Cut, &target, move |_| {
+            let start = now_ns();
+            proxy.cut_all();
+            Some((start, now_ns()))
+        }));
+    }
+    actions
+}
+
+/// Freeze (up to two ttls), kill (restarted at once without data, or after `down` for Redlock)
+/// and `CLIENT KILL` of each server.
+fn node_actions<'a>(
+    servers: &'a [Mutex<RedisServer>],
+    down: Option<Duration>,
+    profile: &Profile,
+) -> Vec<Action<'a>> {
+    let mut actions = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let target = format!("node {i}");
+        let port = lock(server).port();
+        let p = profile.clone();
+        actions.push(Action::new(FaultKind::Freeze, &target, move |rng| {
+            let hold = p.millis(rng, Duration::from_millis(100), 2 * p.ttl);
+            for_a_while(|| lock(server).freeze(), hold, || lock(server).thaw())
+        }));
+        let p = profile.clone();
+        let kind = if down.is_some() {
+            FaultKind::Kill
+        } else {
+            FaultKind::Restart
+        };
+        actions.push(Action::new(kind, &target, move |rng| {
+            let hold = down.map_or(Duration::ZERO, |d| d + p.millis(rng, Duration::ZERO, p.ttl));
+            for_a_while(|| lock(server).stop(), hold, || lock(server).restart())
+        }));
+        actions.push(Action::new(FaultKind::ClientKill, &target, move |_| {
+            kill_clients(&[port])
+        }));
+    }
+    actions
+}
+
+/// One Redis node behind a fault proxy.
+pub fn single(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let servers = [Mutex::new(RedisServer::start())];
+    let proxies = [FaultProxy::start(lock(&servers[0]).port())];
+    let mut actions = node_actions(&servers, None, profile);
+    actions.extend(link_actions(&proxies, profile));
+    let urls = [proxies[0].url()];
+    campaign(profile, "single", &urls, &key_prefix(), actions, started)
+}
+
+/// Redlock over 5 nodes, each behind a fault proxy, fencing on; a killed node stays down for
+/// more than a ttl (Redlock's assumption for restarts without persistence).
+pub fn redlock(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let servers: Vec<Mutex<RedisServer>> = crate::RedisMasters::start(5)
+        .nodes
+        .into_iter()
+        .map(Mutex::new)
+        .collect();
+    let proxies: Vec<FaultProxy> = servers
+        .iter()
+        .map(|s| FaultProxy::start(lock(s).port()))
+        .collect();
+    let down = profile.ttl + Duration::from_millis(300);
+    let mut actions = node_actions(&servers, Some(down), profile);
+    actions.extend(link_actions(&proxies, profile));
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    campaign(profile, "redlock", &urls, &key_prefix(), actions, started)
+}
+
+/// Sentinel (master, replica, 3 sentinels; clients reach the data nodes directly, as the
+/// sentinels name them): forced failovers, short freezes of either data node (shorter than the
+/// sentinels' down-after time), `CLIENT KILL` on the master.
+pub fn sentinel(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let set = Mutex::new(SentinelSet::start());
+    let urls = lock(&set).sentinel_urls();
+    let data_ports: Vec<u16> = lock(&set).data.iter().map(RedisServer::port).collect();
+    let data_ports = &data_ports;
+    let set_ref = &set;
+    let freeze = move |rng: &mut fastrand::Rng, master: bool| -> Option<Span> {
+        let port = lock(set_ref).master_port()?;
+        let index = data_ports.iter().position(|&p| (p == port) == master)?;
+        let hold = Duration::from_millis(rng.u64(100..=400));
+        for_a_while(
+            || lock(set_ref).data[index].freeze(),
+            hold,
+            || lock(set_ref).data[index].thaw(),
+        )
+    };
+    let actions = vec![
+        Action::new(FaultKind::Failover, "topology", move |_| fail_over(set_ref)),
+        Action::new(FaultKind::Freeze, "topology", move |rng| freeze(rng, true)),
+        Action::new(FaultKind::Freeze, "topology", move |rng| freeze(rng, false)),
+        Action::new(FaultKind::ClientKill, "clients", move |_| {
+            kill_clients(&[lock(set_ref).master_port()?])
+        }),
+    ];
+    let summary = campaign(profile, "sentinel", &urls, &key_prefix(), actions, started);
+    let switches = switch_masters(&lock(&set));
+    let logged = summary
+        .faults
+        .get(&FaultKind::Failover)
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(
+        switches, logged,
+        "the sentinels switched masters {switches} times, the nemesis asked {logged} times: a \
+         freeze caused a failover the checker does not know of"
+    );
+    summary
+}
+
+/// `SENTINEL FAILOVER`, then until the other node is master and its new replica's link is up.
+fn fail_over(set: &Mutex<SentinelSet>) -> Option<Span> {
+    let old = lock(set).master_port()?;
+    let sentinel = lock(set).sentinels[0].port();
+    let start = now_ns();
+    let mut con = nemesis::quick_connection(sentinel)?;
+    let asked: redis::RedisResult<()> = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SentinelSet::MASTER_NAME)
+        .query(&mut con);
+    // Refused (say, no replica in sync yet): nothing happened.
+    asked.ok()?;
+    let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
+    while Instant::now() < deadline {
+        let done = (|| {
+            let new = lock(set).master_port().filter(|&p| p != old)?;
+            let role = |port| -> Option<String> {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut nemesis::quick_connection(port)?)
+                    .ok()
+            };
+            let synced =
+                role(new)?.contains("role:master") && role(old)?.contains("master_link_status:up");
+            synced.then_some(())
+        })();
+        if done.is_some() {
+            return Some((start, now_ns()));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "a forced sentinel failover from port {old} did not complete within {TOPOLOGY_TIMEOUT:?}"
+    );
+}
+
+/// How many times the first sentinel switched masters (`+switch-master` in its log).
+fn switch_masters(set: &SentinelSet) -> usize {
+    let log = std::fs::read_to_string(set.sentinels[0].dir().join("redis.log")).unwrap_or_default();
+    log.matches("+switch-master").count()
+}
+
+/// A Redis Cluster (3 masters + replicas; clients reach the nodes directly): short freezes of
+/// the master of the campaign's slot, a SIGKILL of it (its replica takes over; the node comes
+/// back as a replica), `CLIENT KILL` on every node.
+pub fn cluster(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let cluster = Mutex::new(RedisCluster::start());
+    let urls = lock(&cluster).urls();
+    let ports: Vec<u16> = lock(&cluster).nodes.iter().map(RedisServer::port).collect();
+    let prefix = key_prefix();
+    let slot = lock(&cluster).slot_of(&prefix);
+    let cluster_ref = &cluster;
+    let ports = &ports;
+    let master_index = move || {
+        let c = lock(cluster_ref);
+        c.index_of(c.master_of_slot(slot).port())
+    };
+    let actions = vec![
+        Action::new(FaultKind::Freeze, "topology", move |rng| {
+            let index = master_index();
+            let hold = Duration::from_millis(rng.u64(100..=400));
+            for_a_while(
+                || lock(cluster_ref).nodes[index].freeze(),
+                hold,
+                || lock(cluster_ref).nodes[index].thaw(),
+            )
+        }),
+        Action::new(FaultKind::MasterKill, "topology", move |_| {
+            let index = master_index();
+            let replica = {
+                let c = lock(cluster_ref);
+                c.replica_of(&c.nodes[index]).port()
+            };
+            let start = now_ns();
+            lock(cluster_ref).nodes[index].stop();
+            let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
+            while !lock(cluster_ref)
+                .masters()
+                .iter()
+                .any(|m| m.port() == replica)
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the replica on port {replica} did not take over within {TOPOLOGY_TIMEOUT:?}"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+            let mut c = lock(cluster_ref);
+            c.nodes[index].restart();
+            c.wait_ok(Duration::from_secs(30));
+            Some((start, now_ns()))
+        }),
+        Action::new(FaultKind::ClientKill, "clients", move |_| {
+            kill_clients(ports)
+        }),
+    ];
+    campaign(profile, "cluster", &urls, &prefix, actions, started)
+}
+
+/// etcd, 3 members, each client port behind a fault proxy: a member frozen or killed (and
+/// restarted with its data) at a time, and the link faults.
+#[cfg(feature = "etcd")]
+pub fn etcd(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let members = Mutex::new(crate::EtcdCluster::start(3));
+    let proxies: Vec<FaultProxy> = (0..3)
+        .map(|i| FaultProxy::start(lock(&members).client_port(i)))
+        .collect();
+    let members_ref = &members;
+    let mut actions = Vec::new();
+    for i in 0..3 {
+        let p = profile.clone();
+        actions.push(Action::new(FaultKind::Freeze, "members", move |rng| {
+            let hold = p.millis(rng, Duration::from_millis(200), 2 * p.ttl);
+            for_a_while(
+                || lock(members_ref).freeze(i, true),
+                hold,
+                || lock(members_ref).freeze(i, false),
+            )
+        }));
+        let p = profile.clone();
+        actions.push(Action::new(FaultKind::Kill, "members", move |rng| {
+            let hold = p.millis(rng, Duration::from_millis(300), p.ttl);
+            for_a_while(
+                || lock(members_ref).kill(i),
+                hold,
+                || lock(members_ref).restart(i),
+            )
+        }));
+    }
+    actions.extend(link_actions(&proxies, profile));
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::http_url).collect();
+    campaign(profile, "etcd", &urls, &key_prefix(), actions, started)
+}

@@ -1,0 +1,62 @@
+//! The randomized fault campaign (`lock_tests::campaign`): on each backend, worker processes run
+//! a mixed lock workload while the nemesis injects overlapping faults, then a quiet phase; the
+//! checker, which reads only the recorded lines, must find no violation outside the documented
+//! limits. Prints a summary table (run with `--nocapture` to see it on success).
+//!
+//! Quick profile: 20 s per backend, in one test so the backends do not fight for the CPU.
+//! `LOCK_CAMPAIGN=long` (10 minutes per backend, 4 workers) or `LOCK_CAMPAIGN_SECS=N` by hand;
+//! `LOCK_CAMPAIGN_SEED=S` replays a schedule and workload.
+
+use lock_tests::campaign::run::{self, Profile, Summary};
+
+#[test]
+fn fault_campaign_finds_no_violation_outside_the_documented_limits() {
+    let profile = Profile::from_env(env!("CARGO_BIN_EXE_campaign_worker"));
+    let backends: Vec<(&str, fn(&Profile) -> Summary)> = vec![
+        ("single", run::single),
+        ("redlock", run::redlock),
+        ("sentinel", run::sentinel),
+        ("cluster", run::cluster),
+        #[cfg(feature = "etcd")]
+        ("etcd", run::etcd),
+    ];
+    let only = std::env::var("LOCK_CAMPAIGN_BACKENDS").ok();
+    let mut summaries = Vec::new();
+    for (name, backend) in backends {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|b| b == name))
+        {
+            continue;
+        }
+        let summary = backend(&profile);
+        eprintln!("{}", run::table(std::slice::from_ref(&summary)));
+        summaries.push(summary);
+    }
+    eprintln!(
+        "fault campaign, seed {}:\n{}",
+        profile.seed,
+        run::table(&summaries)
+    );
+    let problems: String = summaries.iter().map(Summary::problems).collect();
+    assert!(
+        problems.is_empty(),
+        "the campaign found violations:\n{problems}"
+    );
+    for s in &summaries {
+        assert!(
+            s.faults.values().sum::<usize>() > 0,
+            "{}: the nemesis injected nothing",
+            s.backend
+        );
+        let acquired = s
+            .report
+            .outcomes
+            .get(&lock_tests::campaign::record::Outcome::Acquired);
+        assert!(
+            acquired.is_some_and(|&n| n > 0),
+            "{}: no grant at all",
+            s.backend
+        );
+    }
+}
