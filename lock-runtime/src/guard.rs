@@ -80,8 +80,12 @@ impl LockGuard {
     /// when turned off with [`LockConfig::fencing`](crate::LockConfig::fencing). For a lock over
     /// several keys, the first key's; see [`fencing_token_of`](Self::fencing_token_of).
     ///
-    /// A key's counter starts from the server clock in microseconds, so tokens keep growing across
-    /// a Redis restart that lost the counter, as long as that clock does not go back.
+    /// On Redis no token is below its grant's server clock in microseconds (less 100 ms when
+    /// the client took the lock with its one-transaction path), so tokens keep growing across
+    /// what loses the counter or its last grants: a restart without the data, an evicted
+    /// counter, a failover to a replica that missed grants (Sentinel, Cluster). That holds as
+    /// long as the clock does not go back by more than the time between the two grants, less
+    /// 100 ms. On etcd the token is the key's revision.
     pub fn fencing_token(&self) -> Option<u64> {
         self.hold.fences.first().copied()
     }

@@ -268,7 +268,8 @@
 //! - Single node: mutual exclusion while the node keeps the key and the holder finishes within the
 //!   validity; the fencing token (a per-key counter, strictly increasing) lets a resource reject a
 //!   holder that has been superseded. A failover to a replica that missed the write can grant the
-//!   lock twice: use fencing, or Redlock.
+//!   lock twice: the second grant's token is still larger (see [`LockGuard::fencing_token`]), so
+//!   use fencing, `min_replicas`, or Redlock.
 //! - Redis Cluster: the single-node promise, per master (all keys of a lock live in one slot;
 //!   `MOVED`/`ASK` during resharding are followed, and a lock held while its slot moves stays
 //!   held). Replication is asynchronous, so a master that dies before its replica received a

@@ -768,6 +768,44 @@ async fn refused_transactions_leave_no_unseeded_counter_behind() {
     assert!(token > before, "token {token} not above {before}");
 }
 
+/// A fair lock handed to its waiter by the holder's release counts the fence on by the rule of
+/// every grant. With the counter lost and recreated meanwhile by the `INCR`s of refused
+/// transactions (written here as those `INCR`s), the hand-off announced that small count, and
+/// the waiter took it without asking: a token far below the holder's.
+#[tokio::test]
+async fn a_fair_hand_off_after_the_counter_was_recreated_has_a_larger_token() {
+    let server = RedisServer::start();
+    let [a, b] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let key = unique_key("life:fence-hand-off");
+    let held = a.lock(&key).fair(true).acquire().await.unwrap();
+    let before = held.fencing_token().unwrap();
+    let waiting = {
+        let lock = b.lock(&key).fair(true).wait(Duration::from_secs(10));
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    lock_tests::until_queued(&a, &key, 1).await;
+    forget_fence(&server, &key);
+    for _ in 0..3 {
+        let _: i64 = redis::cmd("INCR")
+            .arg(fence_key(&key))
+            .query(&mut server.admin())
+            .unwrap();
+    }
+    let publishes = server.command_calls("publish");
+    held.release().await.unwrap();
+    let got = bounded(Duration::from_secs(5), "the hand-off", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        server.command_calls("publish") > publishes,
+        "the lock was not handed off"
+    );
+    let token = got.fencing_token().unwrap();
+    got.release().await.unwrap();
+    assert!(token > before, "hand-off token {token} not above {before}");
+}
+
 /// A fence counter that is not a number gives no fencing token, so no lock: on the transaction
 /// path (a client that has taken the name before) as on the script's, the acquire fails as
 /// unavailable and leaves no lock behind; once the counter is gone the name works again.

@@ -4,8 +4,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hasher as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, PushKind, RedisError, RedisResult, Script, ScriptInvocation, Value};
@@ -233,22 +233,41 @@ pub(crate) struct MinReplicas {
     pub(crate) timeout: Duration,
 }
 
-/// A lossy set of the lock names whose fence counter this node was seen to hold, seeded, so that
-/// a plain lock of one of them can take its fence with the transaction's `INCR`
-/// ([`Calls::acquire_plain`]). A name it lacks takes the script; a name it holds by a hash
-/// collision takes the transaction, which notices the unseeded counter and seeds it in a second
-/// round trip. Either way the answer is right: this only picks the cheaper path.
-struct Seeded(Box<[AtomicU64]>);
+/// A lossy map from lock names to until when their fence counter on this node is known to be
+/// within [`scripts::FENCE_LAG_US`] of the server's clock, so that a plain lock of one of them
+/// can take its fence with the transaction's `INCR` ([`Calls::acquire_plain`]). A name it lacks
+/// (or whose time ran out) takes the script; a name it holds by a hash collision, or one whose
+/// counter fell behind meanwhile (a failover), takes the transaction, which notices the lagging
+/// counter and raises it in a second round trip. Either way the answer is right: this only picks
+/// the cheaper path.
+struct Fresh(Box<[FreshSlot]>);
 
-impl Seeded {
+#[derive(Default)]
+struct FreshSlot {
+    /// The name's hash (never 0, which marks an empty slot).
+    hash: AtomicU64,
+    /// Nanoseconds since [`Fresh::origin`].
+    until: AtomicU64,
+}
+
+impl Fresh {
     const SLOTS: u64 = 1024;
 
     fn new() -> Self {
-        Seeded((0..Self::SLOTS).map(|_| AtomicU64::new(0)).collect())
+        Fresh((0..Self::SLOTS).map(|_| FreshSlot::default()).collect())
     }
 
-    /// The name's hash (never 0, which marks an empty slot) and its slot.
-    fn slot(&self, name: &str) -> (u64, &AtomicU64) {
+    /// The process-wide origin of the slots' deadlines.
+    fn origin() -> Instant {
+        static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+        *ORIGIN
+    }
+
+    fn nanos(at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(Self::origin()).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn slot(&self, name: &str) -> (u64, &FreshSlot) {
         let mut hasher = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(name, &mut hasher);
         let hash = hasher.finish() | 1;
@@ -256,14 +275,21 @@ impl Seeded {
         (hash, &self.0[index])
     }
 
-    fn contains(&self, name: &str) -> bool {
+    /// Whether the counter of `name` is still known to be close enough to the clock at `now`.
+    fn contains(&self, name: &str, now: Instant) -> bool {
         let (hash, slot) = self.slot(name);
-        slot.load(Ordering::Relaxed) == hash
+        slot.hash.load(Ordering::Relaxed) == hash
+            && Self::nanos(now) < slot.until.load(Ordering::Relaxed)
     }
 
-    fn insert(&self, name: &str) {
+    /// The counter of `name` stays close enough to the clock for `margin` from `now`.
+    fn insert(&self, name: &str, now: Instant, margin: Duration) {
         let (hash, slot) = self.slot(name);
-        slot.store(hash, Ordering::Relaxed);
+        slot.hash.store(hash, Ordering::Relaxed);
+        slot.until.store(
+            Self::nanos(now).saturating_add(u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX)),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -285,8 +311,8 @@ pub(crate) struct Calls {
     /// command), not with `min_replicas` (the grant goes through the script and its `WAIT`),
     /// and no more once the server refused a transaction (an ACL without `MULTI`/`EXEC`).
     plain: AtomicBool,
-    /// Where the transaction can take the fence: see [`Seeded`].
-    seeded: Seeded,
+    /// Where the transaction can take the fence: see [`Fresh`].
+    fresh: Fresh,
 }
 
 impl Calls {
@@ -299,7 +325,7 @@ impl Calls {
     ) -> Self {
         Calls {
             plain: AtomicBool::new(transactions && settings.min_replicas.is_none()),
-            seeded: Seeded::new(),
+            fresh: Fresh::new(),
             addr,
             prefix: settings.key_prefix.clone(),
             deadline: settings.request_timeout(),
@@ -544,7 +570,7 @@ impl Calls {
         if let [name] = names
             && mode == Mode::Exclusive
             && self.plain.load(Ordering::Relaxed)
-            && (!fencing || self.seeded.contains(name))
+            && (!fencing || self.fresh.contains(name, Instant::now()))
             && let Some(answer) = self.acquire_plain(conn, name, token, ttl, fencing).await
         {
             return answer;
@@ -608,8 +634,10 @@ impl Calls {
                     }
                 }
                 if fencing && mode == Mode::Exclusive {
+                    // The script raised each counter to the clock at least.
+                    let now = Instant::now();
                     for name in names {
-                        self.seeded.insert(name);
+                        self.fresh.insert(name, now, FENCE_LAG);
                     }
                 }
                 Ok(Attempt::Acquired {
@@ -675,7 +703,7 @@ impl Calls {
             .arg(millis(ttl))
             .arg("GET");
         if let Some(fence) = &fence {
-            pipe.cmd("INCR").arg(fence);
+            pipe.cmd("INCR").arg(fence).cmd("TIME");
         }
         pipe.cmd("PTTL").arg(&lock).cmd("EXEC");
         let mut c = conn.clone();
@@ -711,7 +739,7 @@ impl Calls {
             _ => return None,
         };
         let (set, counted, pttl) = match (results.as_slice(), fencing) {
-            ([set, counted, pttl], true) => (set, Some(counted), pttl),
+            ([set, counted, clock, pttl], true) => (set, Some((counted, clock)), pttl),
             ([set, pttl], false) => (set, None, pttl),
             _ => return unexpected(),
         };
@@ -735,19 +763,28 @@ impl Calls {
         }
         // Granted.
         let fences = match (counted, fence) {
-            (Some(Value::Int(f)), Some(_)) if *f >= scripts::SEEDED => {
-                vec![u64::try_from(*f).unwrap_or(0)]
-            }
-            (Some(Value::Int(_)), Some(fence)) => {
-                let mut invocation = scripts::SEED_FENCE.prepare_invoke();
-                invocation.key(fence);
-                match self
-                    .bounded("acquire", invocation.invoke_async::<u64>(&mut c))
-                    .await
-                {
-                    Ok(f) => vec![f],
-                    Err(failure) => {
-                        return Some(Err(self.withdraw(conn, name, token, failure).await));
+            (Some((Value::Int(f), clock)), Some(fence)) => {
+                let margin = server_micros(clock).map(|clock| *f - (clock - scripts::FENCE_LAG_US));
+                if let Some(margin) = margin.filter(|m| *m > 0) {
+                    // Close enough to the clock: the token as counted.
+                    let margin = Duration::from_micros(u64::try_from(margin).unwrap_or(0));
+                    self.fresh.insert(name, Instant::now(), margin);
+                    vec![u64::try_from(*f).unwrap_or(0)]
+                } else {
+                    // Lost, recreated, or behind after a failover: raised to the clock.
+                    let mut invocation = scripts::SEED_FENCE.prepare_invoke();
+                    invocation.key(fence);
+                    match self
+                        .bounded("acquire", invocation.invoke_async::<u64>(&mut c))
+                        .await
+                    {
+                        Ok(f) => {
+                            self.fresh.insert(name, Instant::now(), FENCE_LAG);
+                            vec![f]
+                        }
+                        Err(failure) => {
+                            return Some(Err(self.withdraw(conn, name, token, failure).await));
+                        }
                     }
                 }
             }
@@ -857,6 +894,27 @@ impl Calls {
             .await
             .map(drop)
     }
+}
+
+/// How long a fence counter raised to the clock stays close enough to it for the transaction.
+const FENCE_LAG: Duration = Duration::from_micros(scripts::FENCE_LAG_US.unsigned_abs());
+
+/// The server clock in microseconds from a `TIME` reply (seconds and microseconds, as strings).
+fn server_micros(reply: &Value) -> Option<i64> {
+    let Value::Array(parts) = reply else {
+        return None;
+    };
+    let [secs, micros] = parts.as_slice() else {
+        return None;
+    };
+    let number = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse::<i64>().ok(),
+        Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    number(secs)?
+        .checked_mul(1_000_000)?
+        .checked_add(number(micros)?)
 }
 
 /// What a release message says: a fair lock's hand-off names the waiter it went to by ticket,

@@ -160,24 +160,33 @@ for _, w in ipairs(gone) do redis.call('ZREM', Q, w) end
 if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 ";
 
-/// Fence counters at or above this (the server's clock in microseconds in September 2001) were
-/// seeded from a clock; one below it was created by an `INCR` since the counter was lost, and is
-/// raised to the clock by the next grant. [`FENCE`] spells it `1e15`.
-pub(crate) const SEEDED: i64 = 1_000_000_000_000_000;
+/// How far a fence counter may lag behind the server's clock (in microseconds) and still be
+/// counted on by one: the transaction's `INCR` (see `Calls::acquire_plain`) takes a token that is
+/// no more than this behind the clock; one further behind is raised to the clock by
+/// [`SEED_FENCE`]. The scripts never let a grant's token lag at all.
+pub(crate) const FENCE_LAG_US: i64 = 100_000;
 
-/// Lua that defines `grant_fence(k, ours)`: the fencing token of a grant for fence counter `k`
-/// (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the current value;
-/// a new grant counts on. A counter below [`SEEDED`] was never seeded: it
-/// did not exist (first grant of the key, evicted, or Redis restarted without its data) until
-/// this `INCR` or the `INCR`s of transactions that were refused the lock (see
-/// `Calls::acquire_plain`). It is raised to the server's clock in microseconds, so it still
-/// exceeds every token handed out before.
+/// Lua that defines `grant_fence(k, ours)` and `new_fence(k)`: the fencing token of a grant for
+/// fence counter `k` (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the
+/// current value when it was raised to a clock at some point (at least `1e15`, the server's clock
+/// in microseconds in September 2001); a new grant counts on, and is never below the server's
+/// clock in microseconds.
+///
+/// The clock is the floor that makes tokens grow across what loses the counter or part of its
+/// history: a counter that did not exist (first grant of the key, evicted, Redis restarted
+/// without its data, or recreated by the `INCR`s of transactions that were refused the lock), and
+/// a replica promoted after it missed the last grants (Sentinel, Cluster), whose counter is
+/// behind. Every token is at least its grant's server clock (less [`FENCE_LAG_US`] on the
+/// transaction's path) and, at fewer than one grant per microsecond, at most about that clock,
+/// so a token handed out after the loss exceeds every token before it as long as the clock did
+/// not go back by more than the time between the two grants, less the lag.
 const FENCE: &str = r"
 local function new_fence(k)
   local f = redis.call('INCR', k)
-  if f < 1e15 then
-    local t = redis.call('TIME')
-    f = math.max(f, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if f < clock then
+    f = clock
     redis.call('SET', k, f)
   end
   return f
@@ -190,8 +199,9 @@ local function grant_fence(k, ours)
 end
 ";
 
-/// KEYS: fence. The fencing token of a grant whose transaction's `INCR` found the counter
-/// unseeded (see [`FENCE`]): counts on and seeds it. Only the lock's holder calls it.
+/// KEYS: fence. The fencing token of a grant whose transaction's `INCR` found the counter more
+/// than [`FENCE_LAG_US`] behind the server's clock (see [`FENCE`]): counts on, raised to the
+/// clock. Only the lock's holder calls it.
 pub(crate) static SEED_FENCE: LazyLock<Script> =
     LazyLock::new(|| script(&["#!lua\n", FENCE, "return new_fence(KEYS[1])\n"]));
 
@@ -270,7 +280,7 @@ return {0, 1, pttl, tonumber(ticket or 0)}
 /// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
 /// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
 /// the waiter alone woken: the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
-/// new fence (0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
+/// new fence (by [`FENCE`]'s rule; 0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
 /// waiter's token, which lets it take the lock without asking again. A release that finds
 /// nobody in line publishes nothing: every fair waiter has a place in a line (under Redlock, at
 /// the lock's gate node), and is woken by the hand-off to it. Returns 1 when `token` held the
@@ -292,6 +302,7 @@ redis.call('ZREM', E, ARGV[1])
 if holder then return released end
 ",
         PURGE_QUEUE,
+        FENCE,
         r"
 local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
 if head[1] then
@@ -300,7 +311,8 @@ if head[1] then
   redis.call('ZREM', Q, head[1])
   redis.call('ZREM', E, head[1])
   local fence = 0
-  if redis.call('EXISTS', F) == 1 then fence = redis.call('INCR', F) end
+  -- The waiter's grant counts on by the rule of every grant (no counter: the waiter asks).
+  if redis.call('EXISTS', F) == 1 then fence = new_fence(F) end
   local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
   redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
 end
