@@ -5,24 +5,17 @@
 //!
 //! Quick profile: 20 s per backend, in one test so the backends do not fight for the CPU.
 //! `LOCK_CAMPAIGN=long` (10 minutes per backend, 4 workers) or `LOCK_CAMPAIGN_SECS=N` by hand;
-//! `LOCK_CAMPAIGN_SEED=S` replays a schedule and workload.
+//! `LOCK_CAMPAIGN_SEED=S` replays a schedule and workload; `LOCK_CAMPAIGN_BACKENDS=single,etcd`
+//! runs some backends only.
 
 use lock_tests::campaign::run::{self, Profile, Summary};
 
 #[test]
 fn fault_campaign_finds_no_violation_outside_the_documented_limits() {
     let profile = Profile::from_env(env!("CARGO_BIN_EXE_campaign_worker"));
-    let backends: Vec<(&str, fn(&Profile) -> Summary)> = vec![
-        ("single", run::single),
-        ("redlock", run::redlock),
-        ("sentinel", run::sentinel),
-        ("cluster", run::cluster),
-        #[cfg(feature = "etcd")]
-        ("etcd", run::etcd),
-    ];
     let only = std::env::var("LOCK_CAMPAIGN_BACKENDS").ok();
     let mut summaries = Vec::new();
-    for (name, backend) in backends {
+    for (name, backend) in run::backends() {
         if only
             .as_deref()
             .is_some_and(|o| !o.split(',').any(|b| b == name))

@@ -17,9 +17,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
+use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::campaign::record::{Op, Outcome, Release, Write, WriteResult};
-use lock_tests::campaign::workload::{WORK, next_step, register_keys, register_script};
+use lock_tests::campaign::workload::{Step, WORK, next_step, register_keys, register_script};
 use lock_tests::history::now_ns;
 use lock_tests::sections::Kind;
 use redis::aio::MultiplexedConnection;
@@ -141,7 +141,7 @@ fn config(args: &Args) -> Result<LockConfig, LockError> {
 /// An op line with what is known once `acquire` returned.
 fn answered(
     task: u32,
-    step: &lock_tests::campaign::workload::Step,
+    step: &Step,
     blocking: bool,
     invoke_ns: u64,
     result: &Result<LockGuard, LockError>,
@@ -195,8 +195,24 @@ fn released(op: &mut Op, result: Result<(), LockError>) {
             Release::None
         }
     };
+    print_op(op);
+}
+
+fn print_op(op: &Op) {
     OPS.fetch_add(1, Ordering::SeqCst);
     println!("{op}");
+}
+
+/// The next call to make, and its lock (semaphores only where offered: not on Redlock).
+fn next_call(client: &LockClient, args: &Args, rng: &mut fastrand::Rng) -> (Step, Lock) {
+    let step = next_step(rng, &args.prefix, args.ttl, args.backend != "redlock");
+    let lock = client
+        .lock_many(step.keys.clone())
+        .ttl(args.ttl)
+        .wait(step.wait)
+        .reentrant(false);
+    let lock = step.kind.apply(lock);
+    (step, lock)
 }
 
 fn shout(what: &str) {
@@ -297,20 +313,13 @@ fn run_blocking(client: &LockClient, args: &Args, deadline: Instant) {
     if let Ok(con) = &data {
         let _ = con.set_read_timeout(Some(DATA_TIMEOUT));
     }
-    let permits = args.backend != "redlock";
     while Instant::now() < deadline {
-        let step = next_step(&mut rng, &args.prefix, args.ttl, permits);
-        let lock = client
-            .lock_many(step.keys.clone())
-            .ttl(args.ttl)
-            .wait(step.wait);
-        let lock = step.kind.apply(lock.reentrant(false));
+        let (step, lock) = next_call(client, args, &mut rng);
         let invoke_ns = now_ns();
         let result = lock.acquire_blocking();
         let mut op = answered(0, &step, true, invoke_ns, &result);
         let Ok(guard) = result else {
-            OPS.fetch_add(1, Ordering::SeqCst);
-            println!("{op}");
+            print_op(&op);
             continue;
         };
         let until = Instant::now() + step.hold;
@@ -330,20 +339,13 @@ async fn run_async(client: &LockClient, args: &Args, task: u32, deadline: Instan
         Ok(c) => c.get_multiplexed_async_connection().await,
         Err(err) => Err(err),
     };
-    let permits = args.backend != "redlock";
     while Instant::now() < deadline {
-        let step = next_step(&mut rng, &args.prefix, args.ttl, permits);
-        let lock = client
-            .lock_many(step.keys.clone())
-            .ttl(args.ttl)
-            .wait(step.wait);
-        let lock = step.kind.apply(lock.reentrant(false));
+        let (step, lock) = next_call(client, args, &mut rng);
         let invoke_ns = now_ns();
         let result = lock.acquire().await;
         let mut op = answered(task, &step, false, invoke_ns, &result);
         let Ok(guard) = result else {
-            OPS.fetch_add(1, Ordering::SeqCst);
-            println!("{op}");
+            print_op(&op);
             continue;
         };
         let until = Instant::now() + step.hold;

@@ -634,7 +634,7 @@ mod tests {
         };
         let found = violations(&ops, &writes, &[]);
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
-        let report = check(&ops, &writes, &[pause.clone()], &bounds());
+        let report = check(&ops, &writes, std::slice::from_ref(&pause), &bounds());
         assert!(report.is_clean(), "{:?}", report.violations);
         assert_eq!(report.documented.len(), 1);
         assert_eq!(report.documented_fenced, 1);

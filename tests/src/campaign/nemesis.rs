@@ -15,6 +15,9 @@ use crate::history::now_ns;
 /// What an action reports once its fault is healed: when it began and ended.
 pub type Span = (u64, u64);
 
+/// Injects a fault, waits, heals it: see [`Action`].
+pub type Inject<'a> = dyn Fn(&mut fastrand::Rng) -> Option<Span> + Send + Sync + 'a;
+
 /// One fault the nemesis may inject. `run` injects it, waits (its duration is its own random
 /// pick), heals it and returns when, or `None` when it could not be injected (nothing is logged).
 pub struct Action<'a> {
@@ -25,7 +28,7 @@ pub struct Action<'a> {
     /// For a worker pause, the worker's pid.
     pub pid: Option<u32>,
     /// Injects, waits, heals.
-    pub run: Box<dyn Fn(&mut fastrand::Rng) -> Option<Span> + Send + Sync + 'a>,
+    pub run: Box<Inject<'a>>,
 }
 
 impl std::fmt::Debug for Action<'_> {
@@ -67,7 +70,7 @@ pub struct Schedule {
     pub seed: u64,
 }
 
-/// Runs random actions until `schedule.until`, then waits for those still running to heal
+/// Runs random actions (a random kind, then a random free target of it) until `schedule.until`, then waits for those still running to heal
 /// (each heals itself within its own bound) and returns the log, in start order.
 pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
     let mut rng = fastrand::Rng::with_seed(schedule.seed);
@@ -92,7 +95,16 @@ pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
                     .filter(|a| !busy.contains(a.target.as_str()))
                     .collect()
             };
-            let Some(&action) = free.get(rng.usize(0..free.len().max(1))) else {
+            // A kind first, then one of its actions: kinds with many targets (a pause per
+            // worker) do not crowd out the others.
+            let mut kinds: Vec<FaultKind> = free.iter().map(|a| a.kind).collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            let Some(&kind) = kinds.get(rng.usize(0..kinds.len().max(1))) else {
+                continue;
+            };
+            let of_kind: Vec<&Action<'_>> = free.into_iter().filter(|a| a.kind == kind).collect();
+            let Some(&action) = of_kind.get(rng.usize(0..of_kind.len().max(1))) else {
                 continue;
             };
             busy.lock()

@@ -525,3 +525,18 @@ pub fn etcd(profile: &Profile) -> Summary {
     let urls: Vec<String> = proxies.iter().map(FaultProxy::http_url).collect();
     campaign(profile, "etcd", &urls, &key_prefix(), actions, started)
 }
+
+/// One backend's campaign.
+pub type Campaign = fn(&Profile) -> Summary;
+
+/// Every backend's campaign, in run order (etcd with the `etcd` feature).
+pub fn backends() -> Vec<(&'static str, Campaign)> {
+    vec![
+        ("single", single as Campaign),
+        ("redlock", redlock),
+        ("sentinel", sentinel),
+        ("cluster", cluster),
+        #[cfg(feature = "etcd")]
+        ("etcd", etcd),
+    ]
+}
