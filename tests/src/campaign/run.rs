@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
 
 use super::check::{self, Bounds, Report};
 use super::nemesis::{self, Action, Schedule, Span, for_a_while, kill_clients, pause_action};
@@ -25,8 +27,10 @@ const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long and how hard a campaign runs.
 #[derive(Debug, Clone)]
 pub struct Profile {
-    /// The `campaign_worker` binary.
+    /// The `campaign_worker` binary (a snapshot of it).
     pub worker_bin: String,
+    /// Where the snapshot lives, removed with the last clone of the profile.
+    _snapshot: Option<Arc<TempDir>>,
     /// Per backend: faults, then the quiet phase.
     pub run_for: Duration,
     /// The final phase without faults.
@@ -54,8 +58,10 @@ impl Profile {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| now_ns() % 1_000_000);
+        let (worker_bin, snapshot) = snapshot(worker_bin);
         Profile {
-            worker_bin: worker_bin.to_owned(),
+            worker_bin,
+            _snapshot: snapshot,
             run_for: Duration::from_secs(secs.max(8)),
             quiet: Duration::from_secs(5),
             workers: if long { 4 } else { 3 },
@@ -67,6 +73,24 @@ impl Profile {
     fn millis(&self, rng: &mut fastrand::Rng, from: Duration, to: Duration) -> Duration {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Duration::from_millis(rng.u64(ms(from)..=ms(to).max(ms(from))))
+    }
+}
+
+/// A copy of `binary` in a directory of its own, and the directory (or `binary` itself when it
+/// cannot be copied): a build of the workspace with other features, running meanwhile on the same
+/// target directory, replaces the original (and a worker without the `etcd` feature cannot take
+/// etcd locks).
+fn snapshot(binary: &str) -> (String, Option<Arc<TempDir>>) {
+    let Ok(dir) = tempfile::Builder::new()
+        .prefix("lock-tests-campaign-")
+        .tempdir()
+    else {
+        return (binary.to_owned(), None);
+    };
+    let copy = dir.path().join("campaign_worker");
+    match std::fs::copy(binary, &copy) {
+        Ok(_) => (copy.display().to_string(), Some(Arc::new(dir))),
+        Err(_) => (binary.to_owned(), None),
     }
 }
 
