@@ -1030,3 +1030,139 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
     }
     got.release().await.unwrap();
 }
+
+/// The operations of one token reach each node in order, also when a gated attempt ends at the
+/// gate and never asks the other nodes: its unused steps must not let the next attempt's step
+/// overtake the one still in flight on a slow node. Here attempt 1's grant on the slow node is
+/// withdrawn (it lost the vote) only after its reply came back; a later attempt that won the
+/// gate and asked that node at once was granted there first, and the late withdrawal then
+/// deleted the new lock's key: the lock sat on the gate alone, a minority.
+#[tokio::test]
+async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
+    use lock_runtime::__private::gate_of;
+    let masters = RedisMasters::start(3);
+    let key = unique_key("redlock:step-order");
+    let gate = gate_of(&key, 3);
+    let (slow, held) = ((gate + 1) % 3, (gate + 2) % 3);
+    let proxy = FaultProxy::start(masters.nodes[slow].port());
+    let urls: Vec<String> = (0..3)
+        .map(|i| {
+            if i == slow {
+                proxy.url()
+            } else {
+                masters.nodes[i].url()
+            }
+        })
+        .collect();
+    // Fencing on: every attempt is one script call per node.
+    let locks = LockClient::new(
+        config(urls)
+            .response_timeout(Duration::from_secs(2))
+            .retry_delay(ms(30))
+            .fencing(true),
+    )
+    .unwrap();
+    // Scripts loaded and connections up everywhere.
+    let warm = unique_key("redlock:step-order-warm");
+    locks
+        .lock(&warm)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Its release is the last of its requests on each node.
+    wait_until_async(Duration::from_secs(2), "the warm-up released", || {
+        holders(&masters.nodes.iter().collect::<Vec<_>>(), &warm) == 0
+    })
+    .await;
+    let lock_key = lock_keys(&key).lock;
+    for node in [gate, held] {
+        let () = redis::cmd("SET")
+            .arg(&lock_key)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut masters.nodes[node].admin())
+            .unwrap();
+    }
+    let calls = |node: &RedisServer| node.command_calls("evalsha");
+    let (gate_calls, held_calls) = (calls(&masters.nodes[gate]), calls(&masters.nodes[held]));
+    let deleted = deletions_of(&masters.nodes[slow], &lock_key);
+    proxy.set_delay(ms(300));
+    let waiting = start_acquire(locks.lock(&key).wait(Duration::from_secs(10)));
+    // Attempt 1 asked every node (it is held up on its way to the slow one); attempt 2 asked the
+    // gate alone and was refused there.
+    wait_until_async(ms(250), "a gated second attempt", || {
+        calls(&masters.nodes[gate]) >= gate_calls + 2
+    })
+    .await;
+    assert!(
+        calls(&masters.nodes[held]) > held_calls,
+        "attempt 1 never asked every node"
+    );
+    assert!(
+        masters.nodes[slow].keys(&lock_key).is_empty(),
+        "attempt 1 was not held up on the slow link"
+    );
+    // What follows is fast, but queued behind attempt 1's request on that link.
+    proxy.set_delay(Duration::ZERO);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query(&mut masters.nodes[gate].admin())
+        .unwrap();
+    let guard = granted_soon(waiting, "the gate and the slow node are free").await;
+    // The grant needed the slow node (the third is held), so the winning attempt's request ran
+    // there; attempt 1's withdrawal deletes the key there once it lands.
+    wait_until_async(Duration::from_secs(3), "attempt 1's withdrawal", || {
+        deleted.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let value = |node: &RedisServer| -> Option<String> {
+        redis::cmd("GET")
+            .arg(&lock_key)
+            .query(&mut node.admin())
+            .unwrap()
+    };
+    let ours = value(&masters.nodes[gate]);
+    assert!(ours.is_some(), "the gate lost the lock");
+    assert_eq!(
+        value(&masters.nodes[slow]),
+        ours,
+        "a late withdrawal deleted the lock on the slow node: the lock sits on a minority"
+    );
+    let released = guard.release().await;
+    assert!(released.is_ok(), "{released:?}");
+}
+
+/// Counts the deletions of `key` on `node` from now on (keyspace notifications, on a thread of
+/// its own; it ends with the node).
+fn deletions_of(node: &RedisServer, key: &str) -> Arc<AtomicUsize> {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kg")
+        .query(&mut node.admin())
+        .unwrap();
+    let mut conn = node.admin();
+    let channel = format!("__keyspace@0__:{key}");
+    let count = Arc::new(AtomicUsize::new(0));
+    let (subscribed_tx, subscribed) = std::sync::mpsc::channel();
+    let counter = Arc::clone(&count);
+    std::thread::spawn(move || {
+        let mut pubsub = conn.as_pubsub();
+        pubsub.subscribe(&channel).unwrap();
+        subscribed_tx.send(()).unwrap();
+        while let Ok(msg) = pubsub.get_message() {
+            if msg
+                .get_payload::<String>()
+                .is_ok_and(|event| event == "del")
+            {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    subscribed.recv_timeout(Duration::from_secs(5)).unwrap();
+    count
+}

@@ -85,6 +85,20 @@ impl NodeStep {
             .clone()
     }
 
+    /// Ends a step that sends nothing, after the same token's previous operation on its node,
+    /// as every step does: ending it at once would let the next operation's step on that node
+    /// overtake the previous one still in flight there (a late withdrawal would then delete the
+    /// next attempt's grant).
+    fn end_unused(self, tasks: &TaskTracker) {
+        let busy = self
+            .previous
+            .as_ref()
+            .is_some_and(|previous| !previous[self.index].done.is_raised());
+        if busy {
+            tasks.spawn(async move { self.after_previous().await });
+        }
+    }
+
     fn mark_failed(&self, failure: &NodeFailure) {
         *self.op.signals[self.index]
             .failure
@@ -290,7 +304,9 @@ impl Quorum {
                     // The gate's holder (or a contender that got there first) goes on; nothing
                     // was sent to the other nodes. Their steps end unused. A fair waiter now
                     // has its place in the gate's line.
-                    drop(steps);
+                    for step in steps.into_iter().flatten() {
+                        step.end_unused(&self.tasks);
+                    }
                     verdict_tx.send_replace(Some(false));
                     self.mark_contended(&names[0]);
                     return Ok(Attempt::Held {
