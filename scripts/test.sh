@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests run against when it is missing (redis-server; etcd and,
-# to build the etcd client, protoc), then runs every test of the workspace, the etcd backend's
-# included. The tests start their own servers on 127.0.0.1. Arguments go to `cargo test`.
+# to build the etcd client, protoc; libfaketime), then runs every test of the workspace, the etcd
+# backend's included. The tests start their own servers on 127.0.0.1. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,8 @@ command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || missing
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v "${LOCK_TESTS_ETCD:-etcd}" >/dev/null 2>&1 || missing+=(etcd-server)
 command -v "${PROTOC:-protoc}" >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# libfaketime runs redis-server with a stepped clock in the clock-fault tests.
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
