@@ -147,7 +147,15 @@ pub fn table(summaries: &[Summary]) -> String {
     for s in summaries {
         let r = &s.report;
         let n = |o| r.outcomes.get(&o).copied().unwrap_or(0);
-        let faults: Vec<String> = s.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let mut faults: Vec<String> = s.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let mut explained: BTreeMap<FaultKind, usize> = BTreeMap::new();
+        for fault in r.documented.iter().filter_map(|o| o.fault.as_ref()) {
+            *explained.entry(fault.kind).or_default() += 1;
+        }
+        if !explained.is_empty() {
+            let by: Vec<String> = explained.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            faults.push(format!("documented overlaps during: {}", by.join(", ")));
+        }
         let _ = writeln!(
             out,
             "{:<8} | {:>4} | {:>5} | {:>8} | {:>9} | {:>11} | {:>5} | {:>12} | {:>10} | {:>10} ({:>2})     | {:>8} / {:<15} | {:>15} | {} (seed {})",
