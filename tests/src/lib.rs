@@ -32,14 +32,17 @@ pub mod sections;
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
 pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
+pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, eventually, key_exists, ping_error_code,
+    warm_up,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::SentinelSet;
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
 pub use harness::store::LockStore;
 pub use harness::util::{
-    LockKeys, free_port, lock_keys, queued, unique_key, until_queued, wait_until, wait_until_async,
+    CLEANUP_PAUSE, LockKeys, SCHEDULING_SLACK, assert_lost_at_the_deadline, default_validity,
+    free_port, lock_keys, queued, unique_key, until_queued, wait_until, wait_until_async,
 };
 pub use harness::worker::{Finished, Worker, finish_all};

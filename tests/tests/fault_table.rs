@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    FaultProxy, RedisMasters, RedisServer, ServerOptions, Worker, await_waiter, bounded,
-    eventually, key_exists, lock_keys, unique_key,
+    CLEANUP_PAUSE, FaultProxy, KeyEvents, RedisMasters, RedisServer, SCHEDULING_SLACK,
+    ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded, default_validity,
+    eventually, key_exists, lock_keys, unique_key, wait_until_async, warm_up,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -21,7 +22,10 @@ fn client(config: LockConfig) -> LockClient {
     LockClient::new(config).expect("valid lock config")
 }
 
-/// Short timeouts, so a fault is noticed quickly.
+/// [`quick`]'s request timeout: connect + response.
+const QUICK_REQUEST: Duration = Duration::from_millis(400);
+
+/// Short timeouts, so a fault is noticed quickly: connect 200 ms + response 200 ms.
 fn quick(url: String) -> LockClient {
     client(
         LockConfig::single(url)
@@ -53,14 +57,23 @@ fn used_memory(server: &RedisServer) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // Partitions (blackhole: packets stall, nothing is refused).
 
+/// The connection is made, then partitioned (blackhole: the proxy reads and holds the bytes):
+/// the acquire answers `Unavailable` within wait + one request timeout. Once the partition heals,
+/// the held requests reach Redis: the grant lands there (a keyspace `set` event, after the call
+/// failed), and the call's cleanup deletes it within one cleanup retry pause (at most 1 s, the
+/// engine's backoff) + one request timeout: a leak would live for the 30 s ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_before_acquire_is_unavailable_and_leaves_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let locks = quick(proxy.url());
     let key = unique_key("table:partition-before");
+    let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(30);
     let wait = ms(500);
+    // Connected (scripts loaded) before the partition, so the acquire itself is what is held.
+    warm_up(&locks).await;
+    let events = KeyEvents::watch(&server, &lock);
     proxy.set_blackhole(true);
     let started = Instant::now();
     let result = bounded(
@@ -69,22 +82,43 @@ async fn partition_before_acquire_is_unavailable_and_leaves_nothing() {
         locks.lock(&key).ttl(ttl).wait(wait).acquire(),
     )
     .await;
-    let took = started.elapsed();
+    let failed = Instant::now();
+    let took = failed - started;
     eprintln!("acquire (wait {wait:?}) behind a partition: {result:?} after {took:?}");
     assert!(
         matches!(result, Err(LockError::Unavailable { .. })),
         "{result:?}"
     );
-    assert!(took <= wait + ms(200) + ms(500), "answered after {took:?}");
-    // The held bytes reach Redis once the partition heals: whatever they granted is released.
-    proxy.set_blackhole(false);
-    let clean = eventually(Duration::from_secs(3), || {
-        !key_exists(&server, &lock_keys(&key).lock)
-    })
-    .await;
     assert!(
-        clean,
-        "a grant of the failed acquire outlived it (ttl {ttl:?})"
+        took <= wait + QUICK_REQUEST + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
+    assert!(
+        !key_exists(&server, &lock),
+        "the partition let the acquire through"
+    );
+    // The held bytes reach Redis once the partition heals: the late grant lands, then the
+    // cleanup's release deletes it, long before the ttl.
+    let healed = Instant::now();
+    proxy.set_blackhole(false);
+    let bound = CLEANUP_PAUSE + QUICK_REQUEST + SCHEDULING_SLACK;
+    let (landed, lived) = events
+        .late_grant_released(
+            &lock,
+            healed,
+            Duration::from_secs(2),
+            bound,
+            "the acquire held in the partition",
+        )
+        .await;
+    eprintln!(
+        "partition healed: the late grant landed {landed:?} later, released {lived:?} after \
+         (bound {bound:?}, ttl {ttl:?})"
+    );
+    assert!(
+        !key_exists(&server, &lock),
+        "granted again after the cleanup: {:?}",
+        events.of(&lock)
     );
 }
 
@@ -152,6 +186,11 @@ async fn partition_during_release_answers_and_frees_by_ttl_at_the_latest() {
 // ---------------------------------------------------------------------------------------------
 // SIGSTOP of a Redlock majority.
 
+/// Three of five Redlock nodes frozen while held: no quorum confirms a renewal, so the holder is
+/// told `Lost` at its validity deadline, ttl - drift (1 s - 12 ms) after its acquire was sent: not
+/// before, and not later than that deadline (counted from when the grant returned) + scheduling
+/// slack (the renewal driver's timer fires at the deadline). Another acquire is `Unavailable`
+/// within wait + one request timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_majority_frozen_loses_the_lock_and_is_unavailable() {
     let cluster = RedisMasters::start(5);
@@ -164,30 +203,44 @@ async fn redlock_majority_frozen_loses_the_lock_and_is_unavailable() {
     let other = client(config());
     let key = unique_key("table:redlock-majority");
     let ttl = Duration::from_secs(1);
+    let validity = default_validity(ttl);
+    let started = Instant::now();
     let guard = holder.lock(&key).ttl(ttl).acquire().await.unwrap();
-    let acquired = Instant::now();
+    let granted = Instant::now();
     for node in &cluster.nodes[..3] {
         node.freeze();
     }
-    bounded(Duration::from_secs(5), "lost()", guard.lost()).await;
-    let lost_after = acquired.elapsed();
+    let frozen = Instant::now();
+    bounded(
+        validity + SCHEDULING_SLACK + Duration::from_secs(1),
+        "lost()",
+        guard.lost(),
+    )
+    .await;
+    let lost = Instant::now();
     let wait = ms(300);
-    let started = Instant::now();
+    let asked = Instant::now();
     let result = other.lock(&key).ttl(ttl).wait(wait).acquire().await;
-    let took = started.elapsed();
+    let took = asked.elapsed();
     for node in &cluster.nodes[..3] {
         node.thaw();
     }
     eprintln!(
-        "3 of 5 frozen: holder lost after {lost_after:?}; acquire {:?} after {took:?}",
+        "3 of 5 frozen ({:?} after the grant): holder lost {:?} after the acquire was called \
+         (validity {validity:?}); acquire {:?} after {took:?}",
+        frozen - granted,
+        lost - started,
         result.as_ref().map(drop)
     );
-    assert!(lost_after >= ms(900), "lost before its validity ran out");
+    assert_lost_at_the_deadline(started, granted, lost, validity);
     assert!(
         matches!(result, Err(LockError::Unavailable { .. })),
         "{result:?}"
     );
-    assert!(took <= wait + ms(200) + ms(300), "answered after {took:?}");
+    assert!(
+        took <= wait + QUICK_REQUEST + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
@@ -271,11 +324,15 @@ async fn oom_under_noeviction_is_unavailable_and_writes_nothing() {
     assert!(left.is_empty(), "half-written: {left:?}");
 }
 
+/// The lock key evicted (`volatile-ttl` picks it, the key closest to expiry): the holder is told
+/// `Lost` at its next renewal, within one renewal period (ttl / 3 = 1 s) + one request timeout
+/// + slack of the eviction, long before its 3 s ttl.
 #[tokio::test]
 async fn evicted_lock_key_is_reported_lost() {
     let server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = quick(server.url());
     let key = unique_key("table:evicted");
+    let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(3);
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
     // volatile-ttl evicts the key closest to expiry first: the lock, not the hour-long junk.
@@ -287,10 +344,14 @@ async fn evicted_lock_key_is_reported_lost() {
     );
     let mut admin = server.admin();
     let mut junk = 0u64;
+    // The eviction came after this instant: the lock was still there, and not lost.
+    let mut present = Instant::now();
     for _ in 0..100 {
-        if !key_exists(&server, &lock_keys(&key).lock) {
+        if !key_exists(&server, &lock) {
             break;
         }
+        assert!(!guard.is_lost(), "lost before the eviction");
+        present = Instant::now();
         let mut pipe = redis::pipe();
         for _ in 0..50 {
             junk += 1;
@@ -303,13 +364,12 @@ async fn evicted_lock_key_is_reported_lost() {
         }
         let _: redis::RedisResult<()> = pipe.query(&mut admin);
     }
-    assert!(
-        !key_exists(&server, &lock_keys(&key).lock),
-        "the lever failed: not evicted"
-    );
-    let evicted = Instant::now();
-    bounded(ttl, "lost() after eviction", guard.lost()).await;
-    eprintln!("lock key evicted: lost {:?} later", evicted.elapsed());
+    assert!(!key_exists(&server, &lock), "the lever failed: not evicted");
+    let bound = ttl / 3 + QUICK_REQUEST + SCHEDULING_SLACK;
+    bounded(bound, "lost() after eviction", guard.lost()).await;
+    let took = present.elapsed();
+    eprintln!("lock key evicted: lost at most {took:?} later (bound {bound:?})");
+    assert!(took <= bound, "lost {took:?} after the eviction");
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
@@ -464,30 +524,74 @@ fn runtime_shut_down_mid_hold_frees_the_lock_by_its_ttl() {
 // ---------------------------------------------------------------------------------------------
 // Cancellation at every await of an acquire.
 
+/// An acquire cancelled after 0..40 ms, with a 10 ms link each way (a round trip of ~20 ms, on a
+/// connection made beforehand): the cancellation lands at every stage, before the request left,
+/// while it travels, while the reply does, and after, so some grants
+/// reaches Redis once nobody waits for it any more (keyspace `set` events prove it, and the test
+/// requires such late grants). Each grant must be released within one request timeout (+ slack)
+/// of landing or of the cancellation, whichever is later: a leak would live for the 30 s ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_cancelled_at_any_point_leaves_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = client(LockConfig::single(proxy.url()));
+    let locks = quick(proxy.url());
     let ttl = Duration::from_secs(30);
-    // Each round trip takes ~4ms: cancelling after 0..40ms lands at every stage of an acquire.
-    proxy.set_delay(ms(2));
+    let events = KeyEvents::watch(&server, "*");
+    warm_up(&locks).await;
+    proxy.set_delay(ms(10));
+    let mut cancelled = Vec::new();
     for after in 0..40 {
         let key = unique_key("table:cancel");
-        let cancelled = tokio::time::timeout(ms(after), locks.lock(&key).ttl(ttl).acquire()).await;
-        if let Ok(guard) = cancelled {
+        let attempt = tokio::time::timeout(ms(after), locks.lock(&key).ttl(ttl).acquire()).await;
+        if let Ok(guard) = attempt {
             guard.unwrap().release().await.unwrap();
             continue;
         }
-        let clean = eventually(Duration::from_secs(2), || {
-            !key_exists(&server, &lock_keys(&key).lock)
-        })
+        cancelled.push((after, lock_keys(&key).lock, Instant::now()));
+    }
+    let bound = QUICK_REQUEST + SCHEDULING_SLACK;
+    let (mut late, mut early, mut unsent) = (0, 0, 0);
+    for (after, lock, at) in &cancelled {
+        // Anything sent before the cancellation has landed by now, or lands within a link delay.
+        wait_until_async(
+            bound,
+            &format!("cancelled after {after}ms: {lock} gone"),
+            || !key_exists(&server, lock),
+        )
         .await;
+        let Some(landed) = events.first_after(lock, &["set"], *at - Duration::from_secs(60)) else {
+            unsent += 1;
+            continue;
+        };
+        let removed = events
+            .first_after(lock, &["del", "expired", "evicted"], landed.at)
+            .unwrap_or_else(|| panic!("cancelled after {after}ms: {:?}", events.of(lock)));
+        let from = landed.at.max(*at);
+        let lived = removed.at.saturating_duration_since(from);
+        if landed.at > *at {
+            late += 1;
+        } else {
+            early += 1;
+        }
+        assert_eq!(
+            removed.event, "del",
+            "cancelled after {after}ms: the grant was not released"
+        );
         assert!(
-            clean,
-            "cancelled after {after}ms: a grant outlived the call (ttl {ttl:?})"
+            lived <= bound,
+            "cancelled after {after}ms: a grant outlived the call by {lived:?} (bound {bound:?}, \
+             ttl {ttl:?})"
         );
     }
+    eprintln!(
+        "{} of 40 acquires cancelled: {late} granted after the cancellation, {early} granted \
+         before it (reply unseen), {unsent} never reached Redis",
+        cancelled.len()
+    );
+    assert!(
+        late > 0,
+        "no grant landed after its call was cancelled: the lever missed"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

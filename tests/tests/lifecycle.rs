@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use lock_runtime::__private::redis_keys;
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    BusyScript, FaultProxy, LoadingServer, RedisMasters, RedisServer, await_waiter, bounded,
-    eventually, key_exists, lock_keys, unique_key,
+    BusyScript, CLEANUP_PAUSE, FaultProxy, KeyEvents, LoadingServer, RedisMasters, RedisServer,
+    SCHEDULING_SLACK, await_waiter, bounded, eventually, key_exists, lock_keys, unique_key,
+    warm_up,
 };
 
 fn ms(n: u64) -> Duration {
@@ -955,26 +956,24 @@ async fn fencing_tokens_grow_when_allkeys_lru_evicts_the_counter() {
 
 /// The server is frozen while an acquire is in flight (its bytes wait in the server's socket
 /// buffer); the connection is then reset, so the client reconnects for its cleanup release. After
-/// the thaw, the stale acquire still runs: nothing granted to the failed call may outlive it.
+/// the thaw, the stale acquire still runs (a keyspace `set` event after the thaw proves it): its
+/// grant must be deleted by the cleanup within one cleanup retry pause (at most 1 s, the engine's
+/// backoff) + one request timeout of landing, not outlive the failed call for its 30 s ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_acquire_after_a_reconnect_leaves_no_orphan() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
+    let (connect, response) = (ms(200), ms(200));
     let locks = client(
         LockConfig::single(proxy.url())
-            .connect_timeout(ms(200))
-            .response_timeout(ms(200)),
+            .connect_timeout(connect)
+            .response_timeout(response),
     );
     let key = unique_key("life:stale-acquire");
-    let ttl = Duration::from_secs(10);
-    locks
-        .lock(unique_key("life:warm"))
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let lock = lock_keys(&key).lock;
+    let ttl = Duration::from_secs(30);
+    warm_up(&locks).await;
+    let events = KeyEvents::watch(&server, &lock);
     server.freeze();
     let task = {
         let locks = locks.clone();
@@ -996,26 +995,28 @@ async fn a_stale_acquire_after_a_reconnect_leaves_no_orphan() {
         .unwrap();
     eprintln!("acquire against a frozen server, link reset: {result:?}");
     assert!(result.is_err(), "acquired on a frozen server");
-    // Give the cleanup release its chance (it may be retried once the server answers again).
+    // The server stays frozen a while longer (the cleanup release meets it too).
     tokio::time::sleep(ms(500)).await;
-    server.thaw();
+    // Nothing the frozen server runs can come before this instant.
     let thawed = Instant::now();
-    let appeared = eventually(ms(300), || key_exists(&server, &lock_keys(&key).lock)).await;
-    let gone = eventually(Duration::from_secs(3), || {
-        !key_exists(&server, &lock_keys(&key).lock)
-    })
-    .await;
+    server.thaw();
+    let bound = CLEANUP_PAUSE + connect + response + SCHEDULING_SLACK;
+    let (landed, lived) = events
+        .late_grant_released(
+            &lock,
+            thawed,
+            Duration::from_secs(2),
+            bound,
+            "the stale acquire after the thaw",
+        )
+        .await;
     eprintln!(
-        "after the thaw: stale grant {} the key; gone within 3s: {gone} ({:?})",
-        if appeared {
-            "created"
-        } else {
-            "did not create"
-        },
-        thawed.elapsed()
+        "after the thaw: the stale grant landed {landed:?} later, released {lived:?} after \
+         (bound {bound:?}, ttl {ttl:?})"
     );
     assert!(
-        gone,
-        "an orphan grant of the failed acquire holds the lock for its whole ttl ({ttl:?})"
+        !key_exists(&server, &lock),
+        "granted again after the cleanup: {:?}",
+        events.of(&lock)
     );
 }

@@ -243,3 +243,18 @@ pub async fn await_waiter(server: &RedisServer, name: &str) {
     )
     .await;
 }
+
+/// Takes and releases a throwaway lock on `locks`, so that its connections are made and its
+/// scripts loaded before a fault is injected.
+pub async fn warm_up(locks: &lock_runtime::LockClient) {
+    let key = crate::unique_key("warm-up");
+    let guard = locks
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("warm-up acquire: {e}"));
+    guard
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("warm-up release: {e}"));
+}

@@ -158,3 +158,41 @@ pub(crate) fn reap_after_exit(pids: &[u32], dirs: &[&std::path::Path]) {
         .spawn()
         .expect("spawn the reaper of shared servers");
 }
+
+/// Scheduling slack a timing bound allows on top of what the promise under test gives: a
+/// loaded 2-core machine runs servers, proxies and test runtimes side by side.
+pub const SCHEDULING_SLACK: Duration = Duration::from_millis(250);
+
+/// How long a lock of `ttl` is valid after its acquire was sent, under the default drift factor:
+/// `ttl - (ttl * 0.01 + 2 ms)` (`LockConfig::drift_factor`).
+pub fn default_validity(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+/// Panics unless a lock whose acquire was sent after `asked` and returned at `granted`, and never
+/// renewed since, was declared lost at its validity deadline: not before `asked + validity`,
+/// and not later than `granted + validity` + [`SCHEDULING_SLACK`] (the renewal driver's timer
+/// fires at the deadline itself).
+#[track_caller]
+pub fn assert_lost_at_the_deadline(
+    asked: Instant,
+    granted: Instant,
+    lost: Instant,
+    validity: Duration,
+) {
+    assert!(
+        lost >= asked + validity,
+        "lost {:?} after the acquire was sent, before its validity {validity:?} ran out",
+        lost - asked
+    );
+    assert!(
+        lost <= granted + validity + SCHEDULING_SLACK,
+        "lost {:?} after the grant, past its validity {validity:?} + {SCHEDULING_SLACK:?}",
+        lost.saturating_duration_since(granted)
+    );
+}
+
+/// The longest pause between two tries of a failed call's cleanup release (the engine's
+/// backoff: 50 ms doubling up to 1 s): a grant that lands after its call failed is released
+/// within this + one request timeout of landing.
+pub const CLEANUP_PAUSE: Duration = Duration::from_secs(1);
