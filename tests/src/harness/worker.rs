@@ -198,3 +198,37 @@ pub fn finish_all(workers: &mut [Worker], timeout: Duration) -> Vec<Finished> {
         .map(|w| w.finish(deadline.saturating_duration_since(Instant::now())))
         .collect()
 }
+
+impl Worker {
+    /// SIGSTOP: the child keeps its sockets and its clocks run on, but none of its threads runs
+    /// (a long GC pause, a VM stall). Returns once the kernel reports it stopped (bounded).
+    pub fn pause(&self) {
+        self.signal_until(nix::sys::signal::Signal::SIGSTOP, true);
+    }
+
+    /// SIGCONT: undoes [`pause`](Self::pause). Returns once the child runs again (bounded).
+    pub fn resume(&self) {
+        self.signal_until(nix::sys::signal::Signal::SIGCONT, false);
+    }
+
+    fn signal_until(&self, signal: nix::sys::signal::Signal, stopped: bool) {
+        let pid = i32::try_from(self.pid()).expect("pid fits in i32");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .unwrap_or_else(|e| panic!("{signal} to {} (pid {pid}): {e}", self.name));
+        let stat = format!("/proc/{pid}/stat");
+        let seen = poll_until(REAP_TIMEOUT, Duration::from_millis(1), || {
+            let text = std::fs::read_to_string(&stat).ok()?;
+            // "pid (comm) S ...": the state follows the last ')'.
+            let state = text
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            (matches!(state, Some('T' | 't')) == stopped).then_some(())
+        });
+        assert!(
+            seen.is_some(),
+            "{} (pid {pid}) not {} {REAP_TIMEOUT:?} after {signal}",
+            self.name,
+            if stopped { "stopped" } else { "running" }
+        );
+    }
+}
