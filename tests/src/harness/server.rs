@@ -48,6 +48,9 @@ pub struct ServerOptions {
     /// Other lines for the config file, e.g. `sentinel monitor ...` (the file stays writable:
     /// Sentinel and Cluster rewrite their own state into it).
     pub config_lines: Vec<String>,
+    /// Environment variables added to the process's (kept across [`RedisServer::restart`]), e.g.
+    /// `LD_PRELOAD` for libfaketime.
+    pub env: Vec<(String, String)>,
 }
 
 /// One `redis-server` process bound to 127.0.0.1 with its own temporary directory (config, log, data).
@@ -410,6 +413,7 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
         .arg(&log)
         .args(["--daemonize", "no", "--protected-mode", "no"])
         .args(&opts.extra_args)
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
