@@ -17,10 +17,18 @@
 //!   before that write was sent;
 //! - after the last fault healed, every key in use is held again within one ttl (+ slack).
 //!
-//! An overlap while a fault of a documented-limit kind ([`FaultKind::is_documented_limit`]) was
-//! active, or had ended less than a ttl before (the stale holder hears of it at its next
-//! renewal), is reported as a documented limit, not a violation; for a paused worker, the pause
-//! must be that of one of the two holders.
+//! An overlap while a documented-limit fault ([`Fault::is_documented_limit`]) was active, or had
+//! ended less than a ttl before (the stale holder hears of it at its next renewal), is reported
+//! as a documented limit, not a violation; for a paused worker, the pause must be that of one of
+//! the two holders. A server clock step is such a fault only on enough servers to make a quorum
+//! ([`Bounds::quorum`]): a step ahead expires held keys early, and so does the return of a step
+//! back for the keys set meanwhile.
+//!
+//! A token that does not grow is a documented limit only when the granting servers' clock went
+//! back between the two grants (tokens are raised to the server clock, and grow across a lost
+//! counter only as long as the clock does not go back by more than the time between the grants):
+//! a step back on a quorum of servers that was active at the later grant and began after the
+//! earlier one was asked for, or the return of a step ahead that came between them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +49,9 @@ pub struct Bounds {
     pub healed_ns: u64,
     /// ...and when the workers stopped asking.
     pub end_ns: u64,
+    /// How many lock servers a grant needs (1 on one server, 3 of Redlock's 5): a clock step on
+    /// fewer is no documented limit.
+    pub quorum: usize,
 }
 
 /// Holds of one key that were held at once.
@@ -103,6 +114,9 @@ pub struct Report {
     /// Of those, the ones where the stale holder wrote to the register after the newer holder
     /// had, and every such write was rejected.
     pub documented_fenced: usize,
+    /// Tokens that did not grow ([`Violation::FenceNotIncreasing`]) while a clock step on the
+    /// granting servers sent their clock back, with the step.
+    pub documented_fences: Vec<(Violation, Fault)>,
     /// Register writes accepted, rejected as stale, and failed.
     pub writes: BTreeMap<WriteResult, usize>,
     /// Acquires by outcome.
@@ -157,7 +171,12 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
                 None => report.violations.push(Violation::Overlap(overlap)),
             }
         }
-        report.violations.extend(fences(key, holds));
+        for found in fences(key, holds) {
+            match clock_went_back(&found, faults, bounds) {
+                Some(fault) => report.documented_fences.push((found, fault.clone())),
+                None => report.violations.push(found),
+            }
+        }
     }
     for op in &granted {
         if op.lost_ns > 0 && op.release == Release::Ok {
@@ -237,7 +256,7 @@ fn span(overlap: &Overlap) -> (u64, u64) {
 fn documented_by<'a>(overlap: &Overlap, faults: &'a [Fault], bounds: &Bounds) -> Option<&'a Fault> {
     let (start, end) = span(overlap);
     faults.iter().find(|f| {
-        f.kind.is_documented_limit()
+        f.is_documented_limit(bounds.quorum)
             && f.start_ns < end
             && start < f.end_ns + bounds.ttl_ns
             && f.pid
@@ -272,6 +291,36 @@ fn stale_writer_fenced(overlap: &Overlap, writes: &[Write]) -> bool {
         .filter(|w| w.invoke_ns > first_new)
         .collect();
     !late.is_empty() && late.iter().all(|w| w.result == WriteResult::Rejected)
+}
+
+/// The clock step on a quorum of servers that sent their clock back between the two grants of
+/// a token that did not grow: a step back active at the later grant that began after the
+/// earlier grant was asked for, or a step ahead active at the earlier grant that returned
+/// before the later one.
+fn clock_went_back<'a>(
+    found: &Violation,
+    faults: &'a [Fault],
+    bounds: &Bounds,
+) -> Option<&'a Fault> {
+    let Violation::FenceNotIncreasing { earlier, later, .. } = found else {
+        return None;
+    };
+    faults.iter().find(|f| {
+        f.kind.is_clock_step()
+            && f.is_documented_limit(bounds.quorum)
+            && match f.kind {
+                FaultKind::ClockBack => {
+                    earlier.invoke_ns < f.start_ns
+                        && f.start_ns < later.done_ns
+                        && later.invoke_ns < f.end_ns
+                }
+                _ => {
+                    f.start_ns < earlier.done_ns
+                        && earlier.invoke_ns < f.end_ns
+                        && f.end_ns < later.done_ns
+                }
+            }
+    })
 }
 
 /// Tokens of exclusive holds of `key` that do not grow over one that ended before they began.
@@ -442,6 +491,7 @@ mod tests {
             slack_ns: 300 * MS,
             healed_ns: 10_000 * MS,
             end_ns: 20_000 * MS,
+            quorum: 1,
         }
     }
 
@@ -482,6 +532,23 @@ mod tests {
             done_ns: (at + 1) * MS,
             result,
         }
+    }
+
+    /// Worker 1 holds k from 1 ms with token 1, told it is ours until `valid` ms, writes at 2 ms
+    /// and at `late_write` ms (refused), sees the loss at `lost` ms; worker 2 holds k with token
+    /// 2 from 1200 to 1300 ms and writes at 1201 ms.
+    fn superseded(valid: u64, late_write: u64, lost: u64) -> ([Op; 2], [Write; 3]) {
+        let mut stale = hold(1, "k", 1, 1, lost);
+        stale.lost_ns = lost * MS;
+        stale.valid_ns = valid * MS;
+        stale.wrote_ns = (late_write + 1) * MS;
+        stale.release = Release::Lost;
+        let writes = [
+            write(1, 1, 2, WriteResult::Accepted),
+            write(2, 2, 1201, WriteResult::Accepted),
+            write(1, 1, late_write, WriteResult::Rejected),
+        ];
+        ([stale, hold(2, "k", 2, 1200, 1300)], writes)
     }
 
     fn clean_history() -> Vec<Op> {
@@ -602,6 +669,7 @@ mod tests {
             kind: FaultKind::ClientPause,
             target: "worker 9".into(),
             pid: Some(9),
+            nodes: 1,
             start_ns: 1200 * MS,
             end_ns: 2500 * MS,
         };
@@ -614,21 +682,12 @@ mod tests {
     fn an_overlap_during_a_documented_fault_is_classified_and_its_stale_writer_checked() {
         // Worker 1 is paused while it holds k; worker 2 is granted k meanwhile, and worker 1's
         // write after the pause is refused by the register.
-        let mut stale = hold(1, "k", 1, 1, 3000);
-        stale.lost_ns = 3000 * MS;
-        stale.valid_ns = 100 * MS;
-        stale.wrote_ns = 2901 * MS;
-        stale.release = Release::Lost;
-        let ops = [stale, hold(2, "k", 2, 1200, 1300)];
-        let writes = [
-            write(1, 1, 2, WriteResult::Accepted),
-            write(2, 2, 1201, WriteResult::Accepted),
-            write(1, 1, 2900, WriteResult::Rejected),
-        ];
+        let (ops, writes) = superseded(100, 2900, 3000);
         let pause = Fault {
             kind: FaultKind::ClientPause,
             target: "worker 1".into(),
             pid: Some(1),
+            nodes: 1,
             start_ns: 200 * MS,
             end_ns: 2800 * MS,
         };
@@ -681,5 +740,114 @@ mod tests {
         );
         ops.push(hold(2, "k", 9, 11_000, 11_010));
         assert!(violations(&ops, &[], &[]).is_empty());
+    }
+    /// A clock step of `kind` on `nodes` servers from `start` to `end` ms.
+    fn clock_step(kind: FaultKind, nodes: usize, start: u64, end: u64) -> Fault {
+        Fault {
+            kind,
+            target: "clock 0".into(),
+            pid: None,
+            nodes,
+            start_ns: start * MS,
+            end_ns: end * MS,
+        }
+    }
+
+    /// Worker 2 is granted k at 1200 ms while worker 1, granted at 1 ms, still holds it (its
+    /// key expired early on the server); worker 1's write after worker 2's is refused.
+    fn early_expiry() -> ([Op; 2], [Write; 3]) {
+        superseded(1300, 1300, 1400)
+    }
+
+    #[test]
+    fn an_overlap_during_a_forward_clock_step_is_a_documented_limit() {
+        let (ops, writes) = early_expiry();
+        let step = clock_step(FaultKind::ClockForward, 1, 1000, 1500);
+        let report = check(&ops, &writes, std::slice::from_ref(&step), &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.documented.len(), 1);
+        assert_eq!(report.documented[0].fault.as_ref(), Some(&step));
+        assert_eq!(report.documented_fenced, 1);
+    }
+
+    #[test]
+    fn the_same_overlap_without_a_clock_step_is_a_violation() {
+        let (ops, writes) = early_expiry();
+        let found = violations(&ops, &writes, &[]);
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        // Nor does a step that began after both holds had ended.
+        let later = clock_step(FaultKind::ClockForward, 1, 1400, 1500);
+        let found = violations(&ops, &writes, &[later]);
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+    }
+
+    #[test]
+    fn a_clock_step_on_a_redlock_minority_explains_no_overlap_but_one_on_a_majority_does() {
+        let (ops, writes) = early_expiry();
+        let redlock = Bounds {
+            quorum: 3,
+            ..bounds()
+        };
+        let minority = clock_step(FaultKind::ClockForward, 1, 1000, 1500);
+        let found = check(&ops, &writes, &[minority], &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        let majority = clock_step(FaultKind::ClockForward, 3, 1000, 1500);
+        let report = check(&ops, &writes, &[majority], &redlock);
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.documented.len(), 1);
+    }
+
+    /// Worker 2's token, granted at 1200 ms, is below worker 1's of 1..100 ms.
+    fn shrinking_token() -> Vec<Op> {
+        vec![hold(1, "k", 5_000, 1, 100), hold(2, "k", 4_000, 1200, 1300)]
+    }
+
+    #[test]
+    fn a_token_that_does_not_grow_during_a_backward_clock_step_is_a_documented_limit() {
+        let step = clock_step(FaultKind::ClockBack, 1, 1000, 1500);
+        let report = check(&shrinking_token(), &[], &[step], &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert!(
+            matches!(&report.documented_fences[..], [(Violation::FenceNotIncreasing { later, .. }, f)] if later.pid == 2 && f.kind == FaultKind::ClockBack),
+            "{:?}",
+            report.documented_fences
+        );
+        // So is one granted after the return of a step ahead active at the earlier grant.
+        let ahead = clock_step(FaultKind::ClockForward, 1, 0, 1000);
+        let report = check(&shrinking_token(), &[], &[ahead], &bounds());
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.documented_fences.len(), 1);
+    }
+
+    #[test]
+    fn a_token_that_does_not_grow_without_a_backward_clock_step_is_a_violation() {
+        let not_increasing = |faults: &[Fault], bounds: &Bounds| {
+            let found = check(&shrinking_token(), &[], faults, bounds).violations;
+            matches!(&found[..], [Violation::FenceNotIncreasing { .. }])
+        };
+        assert!(not_increasing(&[], &bounds()));
+        // A step back that ended before the later grant, one that began before the earlier
+        // grant, a step ahead (still active at the later grant), a restart, a step on a minority.
+        let cases = [
+            clock_step(FaultKind::ClockBack, 1, 500, 1100),
+            clock_step(FaultKind::ClockBack, 1, 0, 1500),
+            clock_step(FaultKind::ClockForward, 1, 1000, 1500),
+            Fault {
+                kind: FaultKind::Restart,
+                ..clock_step(FaultKind::ClockBack, 1, 1000, 1001)
+            },
+        ];
+        for fault in cases {
+            assert!(
+                not_increasing(std::slice::from_ref(&fault), &bounds()),
+                "{fault}"
+            );
+        }
+        let redlock = Bounds {
+            quorum: 3,
+            ..bounds()
+        };
+        let minority = clock_step(FaultKind::ClockBack, 2, 1000, 1500);
+        assert!(not_increasing(&[minority], &redlock));
     }
 }

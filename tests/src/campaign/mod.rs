@@ -4,6 +4,7 @@
 //! ([`check`]) decides from the records alone whether the history keeps the library's promises.
 
 pub mod check;
+pub mod clock;
 pub mod nemesis;
 pub mod record;
 pub mod run;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::clock::{self, FakeClock};
 use super::record::{Fault, FaultKind};
 use crate::history::now_ns;
 
@@ -27,6 +28,11 @@ pub struct Action<'a> {
     pub target: String,
     /// For a worker pause, the worker's pid.
     pub pid: Option<u32>,
+    /// Two actions of one lane never run at once either, whatever their targets (the clock
+    /// steps of Redlock's nodes: one node at a time).
+    pub lane: Option<String>,
+    /// How many lock servers it hits at once.
+    pub nodes: usize,
     /// Injects, waits, heals.
     pub run: Box<Inject<'a>>,
 }
@@ -37,6 +43,8 @@ impl std::fmt::Debug for Action<'_> {
             .field("kind", &self.kind)
             .field("target", &self.target)
             .field("pid", &self.pid)
+            .field("lane", &self.lane)
+            .field("nodes", &self.nodes)
             .finish_non_exhaustive()
     }
 }
@@ -52,6 +60,8 @@ impl<'a> Action<'a> {
             kind,
             target: target.into(),
             pid: None,
+            lane: None,
+            nodes: 1,
             run: Box::new(run),
         }
     }
@@ -92,7 +102,10 @@ pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
                 }
                 actions
                     .iter()
-                    .filter(|a| !busy.contains(a.target.as_str()))
+                    .filter(|a| {
+                        !busy.contains(a.target.as_str())
+                            && a.lane.as_deref().is_none_or(|lane| !busy.contains(lane))
+                    })
                     .collect()
             };
             // A kind first, then one of its actions: kinds with many targets (a pause per
@@ -107,16 +120,22 @@ pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
             let Some(&action) = of_kind.get(rng.usize(0..of_kind.len().max(1))) else {
                 continue;
             };
-            busy.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(&action.target);
+            {
+                let mut busy = busy.lock().unwrap_or_else(PoisonError::into_inner);
+                busy.insert(&action.target);
+                busy.extend(action.lane.as_deref());
+            }
             let mut own = fastrand::Rng::with_seed(rng.u64(..));
             let (busy, log) = (&busy, &log);
             scope.spawn(move || {
                 let span = (action.run)(&mut own);
-                busy.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(action.target.as_str());
+                {
+                    let mut busy = busy.lock().unwrap_or_else(PoisonError::into_inner);
+                    busy.remove(action.target.as_str());
+                    if let Some(lane) = action.lane.as_deref() {
+                        busy.remove(lane);
+                    }
+                }
                 if let Some((start_ns, end_ns)) = span {
                     log.lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -124,6 +143,7 @@ pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
                             kind: action.kind,
                             target: action.target.clone(),
                             pid: action.pid,
+                            nodes: action.nodes,
                             start_ns,
                             end_ns,
                         });
@@ -172,6 +192,45 @@ pub fn pause_action<'a>(pid: u32, worker: usize, ttl: Duration) -> Action<'a> {
     );
     action.pid = Some(pid);
     action
+}
+
+/// Steps the clocks of the servers `(clock, port)` to `offset_ms` for `hold`, then back to 0
+/// (also if this thread unwinds meanwhile); checks each server's `TIME` after either step
+/// (one that does not answer, frozen or down, is not checked).
+pub fn step_clocks(servers: &[(&FakeClock, u16)], offset_ms: i64, hold: Duration) -> Option<Span> {
+    struct Return<'s, 'c>(&'s [(&'c FakeClock, u16)]);
+    impl Drop for Return<'_, '_> {
+        fn drop(&mut self) {
+            for (clock, _) in self.0 {
+                clock.set(0);
+            }
+        }
+    }
+    let start = now_ns();
+    for (clock, _) in servers {
+        clock.set(offset_ms);
+    }
+    let back = Return(servers);
+    confirm_offsets(servers, offset_ms);
+    thread::sleep(hold);
+    drop(back);
+    let end = now_ns();
+    confirm_offsets(servers, 0);
+    Some((start, end))
+}
+
+fn confirm_offsets(servers: &[(&FakeClock, u16)], offset_ms: i64) {
+    let tolerance = i64::try_from(clock::TOLERANCE.as_millis()).unwrap_or(i64::MAX);
+    for &(_, port) in servers {
+        let seen = quick_connection(port).and_then(|mut con| clock::server_offset(&mut con));
+        if let Some(seen) = seen {
+            assert!(
+                (seen - offset_ms).abs() <= tolerance,
+                "the server on port {port} is {seen} ms off the real clock, asked {offset_ms} ms: \
+                 libfaketime does not step it"
+            );
+        }
+    }
 }
 
 /// A sync connection to 127.0.0.1:`port` with short timeouts, or `None` if it does not answer.

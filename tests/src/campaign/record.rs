@@ -303,11 +303,17 @@ pub enum FaultKind {
     Failover,
     /// SIGKILL of a Cluster master: its replica takes over, the node comes back as a replica.
     MasterKill,
+    /// A server's wall clock jumps ahead (libfaketime) for a while, then back: its keys expire
+    /// early, a holder's among them.
+    ClockForward,
+    /// A server's wall clock jumps back for a while, then returns: keys set meanwhile expire
+    /// early when it returns, and a token raised to the clock meanwhile may not grow.
+    ClockBack,
 }
 
 impl FaultKind {
     /// Every kind, in table order.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Freeze,
         FaultKind::Restart,
         FaultKind::Kill,
@@ -318,11 +324,15 @@ impl FaultKind {
         FaultKind::ClientPause,
         FaultKind::Failover,
         FaultKind::MasterKill,
+        FaultKind::ClockForward,
+        FaultKind::ClockBack,
     ];
 
-    /// Whether the library documents that this fault can let two holders in at once (the
-    /// promise then rests on the fencing token): a restart without data of a single node, a
-    /// failover without `min_replicas`, a client paused past its ttl.
+    /// Whether the library documents that this fault, whatever it hit, can let two holders in at
+    /// once (the promise then rests on the fencing token): a restart without data of a single
+    /// node, a failover without `min_replicas`, a client paused past its ttl. Clock steps are
+    /// not among them: they are a documented limit only on enough nodes
+    /// ([`Fault::is_documented_limit`]).
     pub fn is_documented_limit(self) -> bool {
         matches!(
             self,
@@ -331,6 +341,11 @@ impl FaultKind {
                 | FaultKind::Failover
                 | FaultKind::MasterKill
         )
+    }
+
+    /// A server clock step, either way.
+    pub fn is_clock_step(self) -> bool {
+        matches!(self, FaultKind::ClockForward | FaultKind::ClockBack)
     }
 }
 
@@ -345,6 +360,8 @@ words!(FaultKind {
     ClientPause = "client-pause",
     Failover = "failover",
     MasterKill = "master-kill",
+    ClockForward = "clock-forward",
+    ClockBack = "clock-back",
 });
 
 /// One fault, as the nemesis logged it.
@@ -356,19 +373,33 @@ pub struct Fault {
     pub target: String,
     /// For a paused worker, its process id.
     pub pid: Option<u32>,
+    /// How many of the lock servers it hit at once (1 for one server, a link or a worker).
+    pub nodes: usize,
     /// When it began...
     pub start_ns: u64,
     /// ...and when it was healed (the server answers again, the failover is complete).
     pub end_ns: u64,
 }
 
+impl Fault {
+    /// Whether the library documents that this fault can let two holders in at once or keep a
+    /// token from growing, on a backend whose grants need `quorum` servers: a kind that is a
+    /// limit wherever it hits ([`FaultKind::is_documented_limit`]), or a clock step on at least
+    /// `quorum` servers (the single node, a majority of Redlock's: its clock assumption). A
+    /// step on a Redlock minority is not: the other nodes of every quorum keep the key.
+    pub fn is_documented_limit(&self, quorum: usize) -> bool {
+        self.kind.is_documented_limit() || (self.kind.is_clock_step() && self.nodes >= quorum)
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "fault kind={} target={} start={} end={} ({} ms)",
+            "fault kind={} target={} nodes={} start={} end={} ({} ms)",
             self.kind,
             self.target.replace(' ', "_"),
+            self.nodes,
             self.start_ns,
             self.end_ns,
             self.end_ns.saturating_sub(self.start_ns) / 1_000_000

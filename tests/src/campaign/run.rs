@@ -11,11 +11,17 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::check::{self, Bounds, Report};
-use super::nemesis::{self, Action, Schedule, Span, for_a_while, kill_clients, pause_action};
+use super::clock::FakeClock;
+use super::nemesis::{
+    self, Action, Schedule, Span, for_a_while, kill_clients, pause_action, step_clocks,
+};
 use super::record::{self, FaultKind, WriteResult};
 use super::workload::register_keys;
 use crate::history::now_ns;
-use crate::{FaultProxy, RedisCluster, RedisServer, SentinelSet, Worker, finish_all, unique_key};
+use crate::{
+    FaultProxy, RedisCluster, RedisServer, SentinelSet, ServerOptions, Worker, finish_all,
+    unique_key,
+};
 
 /// The workers' connect and response timeouts (see `campaign_worker`): one request timeout.
 const REQUEST: Duration = Duration::from_millis(700);
@@ -138,6 +144,18 @@ impl Summary {
     }
 }
 
+impl Summary {
+    /// The first documented-limit token drop, with its fault and the history lines (empty when
+    /// there was none): what a backward clock step did to the tokens.
+    pub fn token_drop_example(&self) -> String {
+        self.report
+            .documented_fences
+            .first()
+            .map(|(v, fault)| format!("[{}] {v}\n  during {fault}\n", self.backend))
+            .unwrap_or_default()
+    }
+}
+
 /// The summary table of `summaries`, one row per backend.
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
@@ -155,6 +173,14 @@ pub fn table(summaries: &[Summary]) -> String {
         if !explained.is_empty() {
             let by: Vec<String> = explained.iter().map(|(k, n)| format!("{k} {n}")).collect();
             faults.push(format!("documented overlaps during: {}", by.join(", ")));
+        }
+        let mut drops: BTreeMap<FaultKind, usize> = BTreeMap::new();
+        for (_, fault) in &r.documented_fences {
+            *drops.entry(fault.kind).or_default() += 1;
+        }
+        if !drops.is_empty() {
+            let by: Vec<String> = drops.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            faults.push(format!("documented token drops during: {}", by.join(", ")));
         }
         let _ = writeln!(
             out,
@@ -189,16 +215,41 @@ fn key_prefix() -> String {
     format!("{{{}}}:", unique_key("campaign"))
 }
 
+/// What a campaign runs against.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// Its name in the summary.
+    backend: &'static str,
+    /// The backend argument of `campaign_worker`.
+    worker: &'static str,
+    /// How many lock servers a grant needs ([`Bounds::quorum`]).
+    quorum: usize,
+    /// Whether the nemesis also pauses workers.
+    pauses: bool,
+}
+
+impl Setup {
+    fn new(backend: &'static str, quorum: usize) -> Setup {
+        Setup {
+            backend,
+            worker: backend,
+            quorum,
+            pauses: true,
+        }
+    }
+}
+
 /// Runs `workers` against `urls` while the nemesis runs `actions` (and pauses workers), then
 /// checks the history.
 fn campaign(
     profile: &Profile,
-    backend: &'static str,
+    setup: Setup,
     urls: &[String],
     prefix: &str,
     actions: Vec<Action<'_>>,
     started: Instant,
 ) -> Summary {
+    let backend = setup.backend;
     let data = RedisServer::start();
     let run_ms = profile.run_for.as_millis().to_string();
     let ttl_ms = profile.ttl.as_millis().to_string();
@@ -210,7 +261,7 @@ fn campaign(
             Worker::spawn(
                 &profile.worker_bin,
                 &[
-                    backend,
+                    setup.worker,
                     &urls.join(","),
                     &data.url(),
                     prefix,
@@ -222,7 +273,7 @@ fn campaign(
         })
         .collect();
     let mut actions = actions;
-    for (i, worker) in workers.iter().enumerate() {
+    for (i, worker) in workers.iter().enumerate().filter(|_| setup.pauses) {
         actions.push(pause_action(worker.pid(), i, profile.ttl));
     }
     let schedule = Schedule {
@@ -248,6 +299,7 @@ fn campaign(
         slack_ns: nanos(SLACK),
         healed_ns,
         end_ns: start_ns + nanos(profile.run_for),
+        quorum: setup.quorum,
     };
     let report = check::check(&ops, &writes, &faults, &bounds);
     let mut faults_by_kind = BTreeMap::new();
@@ -348,26 +400,89 @@ fn node_actions<'a>(
     actions
 }
 
-/// One Redis node behind a fault proxy.
+/// `n` Redis servers (in parallel), each under a fake clock of its own.
+fn servers_with_clocks(n: usize) -> (Vec<Mutex<RedisServer>>, Vec<FakeClock>) {
+    let clocks: Vec<FakeClock> = (0..n).map(|_| FakeClock::new()).collect();
+    let servers = thread::scope(|scope| {
+        let handles: Vec<_> = clocks
+            .iter()
+            .map(|clock| {
+                scope.spawn(|| {
+                    RedisServer::start_with(ServerOptions {
+                        env: clock.env(),
+                        ..ServerOptions::default()
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| Mutex::new(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+            .collect()
+    });
+    (servers, clocks)
+}
+
+/// When the fault phase of a campaign set up now ends (a little before the nemesis stops).
+fn fault_phase_end(profile: &Profile) -> Instant {
+    Instant::now() + profile.run_for.saturating_sub(profile.quiet)
+}
+
+/// A clock step of each server ahead by one to three ttls, and one back by as much, each for
+/// 200 ms to a ttl; in `lane` (one server at a time) if given. A step ahead starts only if its
+/// aftermath is over before `phase_end`: keys set meanwhile expire that much late.
+fn clock_actions<'a>(
+    servers: &'a [Mutex<RedisServer>],
+    clocks: &'a [FakeClock],
+    lane: Option<&str>,
+    profile: &Profile,
+    phase_end: Instant,
+) -> Vec<Action<'a>> {
+    let mut actions = Vec::new();
+    for (i, (server, clock)) in servers.iter().zip(clocks).enumerate() {
+        let port = lock(server).port();
+        for (kind, sign) in [(FaultKind::ClockForward, 1), (FaultKind::ClockBack, -1)] {
+            let p = profile.clone();
+            let mut action = Action::new(kind, format!("clock {i}"), move |rng| {
+                let step = p.millis(rng, p.ttl, 3 * p.ttl);
+                let hold = p.millis(rng, Duration::from_millis(200), p.ttl);
+                let aftermath = if sign > 0 { step } else { Duration::ZERO };
+                if Instant::now() + hold + aftermath >= phase_end {
+                    return None;
+                }
+                step_clocks(&[(clock, port)], sign * millis_i64(step), hold)
+            });
+            action.lane = lane.map(str::to_owned);
+            actions.push(action);
+        }
+    }
+    actions
+}
+
+fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// One Redis node behind a fault proxy, under a fake clock.
 pub fn single(profile: &Profile) -> Summary {
     let started = Instant::now();
-    let servers = [Mutex::new(RedisServer::start())];
+    let (servers, clocks) = servers_with_clocks(1);
     let proxies = [FaultProxy::start(lock(&servers[0]).port())];
     let mut actions = node_actions(&servers, None, profile);
     actions.extend(link_actions(&proxies, profile));
+    let phase_end = fault_phase_end(profile);
+    actions.extend(clock_actions(&servers, &clocks, None, profile, phase_end));
     let urls = [proxies[0].url()];
-    campaign(profile, "single", &urls, &key_prefix(), actions, started)
+    let setup = Setup::new("single", 1);
+    campaign(profile, setup, &urls, &key_prefix(), actions, started)
 }
 
-/// Redlock over 5 nodes, each behind a fault proxy, fencing on; a killed node stays down for
-/// more than a ttl (Redlock's assumption for restarts without persistence).
+/// Redlock over 5 nodes, each behind a fault proxy and under a fake clock, fencing on; a killed
+/// node stays down for more than a ttl (Redlock's assumption for restarts without persistence);
+/// one node's clock steps at a time (a minority: no documented limit).
 pub fn redlock(profile: &Profile) -> Summary {
     let started = Instant::now();
-    let servers: Vec<Mutex<RedisServer>> = crate::RedisMasters::start(5)
-        .nodes
-        .into_iter()
-        .map(Mutex::new)
-        .collect();
+    let (servers, clocks) = servers_with_clocks(5);
     let proxies: Vec<FaultProxy> = servers
         .iter()
         .map(|s| FaultProxy::start(lock(s).port()))
@@ -375,8 +490,60 @@ pub fn redlock(profile: &Profile) -> Summary {
     let down = profile.ttl + Duration::from_millis(300);
     let mut actions = node_actions(&servers, Some(down), profile);
     actions.extend(link_actions(&proxies, profile));
+    let phase_end = fault_phase_end(profile);
+    actions.extend(clock_actions(
+        &servers,
+        &clocks,
+        Some("clocks"),
+        profile,
+        phase_end,
+    ));
     let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
-    campaign(profile, "redlock", &urls, &key_prefix(), actions, started)
+    let setup = Setup::new("redlock", 3);
+    campaign(profile, setup, &urls, &key_prefix(), actions, started)
+}
+
+/// The nodes whose clocks [`redlock_majority_clock`] steps: a majority of 5.
+const MAJORITY: [usize; 3] = [0, 1, 2];
+
+/// Redlock's clock assumption, shown: 5 nodes (fencing on, no other fault, no pauses) whose
+/// clocks 0, 1 and 2 step ahead together, by 1.2 to 1.6 ttls for 300-800 ms, again and again
+/// for 9 s, then a quiet phase of 4 s. Each step expires the holders' keys on a majority at once,
+/// so another worker is granted the lock while the holder still believes it holds it: overlaps
+/// the checker must classify as documented (a clock step on a quorum), with the register refusing
+/// the stale holder's writes.
+pub fn redlock_majority_clock(profile: &Profile) -> Summary {
+    let started = Instant::now();
+    let profile = Profile {
+        run_for: Duration::from_secs(13),
+        quiet: Duration::from_secs(4),
+        ..profile.clone()
+    };
+    let (servers, clocks) = servers_with_clocks(5);
+    let stepped: Vec<(&FakeClock, u16)> = MAJORITY
+        .iter()
+        .map(|&i| (&clocks[i], lock(&servers[i]).port()))
+        .collect();
+    let phase_end = fault_phase_end(&profile);
+    let p = profile.clone();
+    let stepped = &stepped;
+    let mut step = Action::new(FaultKind::ClockForward, "clocks 0,1,2", move |rng| {
+        let ahead = p.millis(rng, p.ttl * 6 / 5, p.ttl * 8 / 5);
+        let hold = p.millis(rng, Duration::from_millis(300), Duration::from_millis(800));
+        if Instant::now() + hold + ahead >= phase_end {
+            return None;
+        }
+        step_clocks(stepped, millis_i64(ahead), hold)
+    });
+    step.nodes = MAJORITY.len();
+    let urls: Vec<String> = servers.iter().map(|s| lock(s).url()).collect();
+    let setup = Setup {
+        backend: "redlock-majority-clock",
+        worker: "redlock",
+        quorum: 3,
+        pauses: false,
+    };
+    campaign(&profile, setup, &urls, &key_prefix(), vec![step], started)
 }
 
 /// Sentinel (master, replica, 3 sentinels; clients reach the data nodes directly, as the
@@ -407,7 +574,14 @@ pub fn sentinel(profile: &Profile) -> Summary {
             kill_clients(&[lock(set_ref).master_port()?])
         }),
     ];
-    let summary = campaign(profile, "sentinel", &urls, &key_prefix(), actions, started);
+    let summary = campaign(
+        profile,
+        Setup::new("sentinel", 1),
+        &urls,
+        &key_prefix(),
+        actions,
+        started,
+    );
     let switches = switch_masters(&lock(&set));
     let logged = summary
         .faults
@@ -519,7 +693,14 @@ pub fn cluster(profile: &Profile) -> Summary {
             kill_clients(ports)
         }),
     ];
-    campaign(profile, "cluster", &urls, &prefix, actions, started)
+    campaign(
+        profile,
+        Setup::new("cluster", 1),
+        &urls,
+        &prefix,
+        actions,
+        started,
+    )
 }
 
 /// etcd, 3 members, each client port behind a fault proxy: a member frozen or killed (and
@@ -555,7 +736,14 @@ pub fn etcd(profile: &Profile) -> Summary {
     }
     actions.extend(link_actions(&proxies, profile));
     let urls: Vec<String> = proxies.iter().map(FaultProxy::http_url).collect();
-    campaign(profile, "etcd", &urls, &key_prefix(), actions, started)
+    campaign(
+        profile,
+        Setup::new("etcd", 1),
+        &urls,
+        &key_prefix(),
+        actions,
+        started,
+    )
 }
 
 /// One backend's campaign.
@@ -566,6 +754,7 @@ pub fn backends() -> Vec<(&'static str, Campaign)> {
     vec![
         ("single", single as Campaign),
         ("redlock", redlock),
+        ("redlock-majority-clock", redlock_majority_clock),
         ("sentinel", sentinel),
         ("cluster", cluster),
         #[cfg(feature = "etcd")]
