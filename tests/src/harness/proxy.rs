@@ -54,6 +54,8 @@ struct Shared {
     listening: AtomicBool,
     /// Bytes forwarded from clients to the upstream so far.
     bytes_up: AtomicU64,
+    /// While on, nothing is forwarded from the upstream to clients (held, as by `blackhole`).
+    blackhole_down: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -96,6 +98,7 @@ impl FaultProxy {
             next_id: AtomicU64::new(0),
             listening: AtomicBool::new(true),
             bytes_up: AtomicU64::new(0),
+            blackhole_down: watch::Sender::new(false),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         runtime.spawn(accept_loop(listener, Arc::clone(&shared), shutdown_rx));
@@ -294,8 +297,12 @@ async fn pipe(
     };
     let write = async move {
         let mut blackhole = shared.blackhole.subscribe();
+        let mut blackhole_down = shared.blackhole_down.subscribe();
         while let Some((due, chunk)) = rx.recv().await {
             wait_for(&mut blackhole, false).await;
+            if !up {
+                wait_for(&mut blackhole_down, false).await;
+            }
             tokio::time::sleep_until(due).await;
             to.write_all(&chunk).await?;
         }
@@ -309,4 +316,13 @@ async fn pipe(
 /// A separate fn so the watch guard is released before the caller's next `.await`.
 async fn wait_for(flag: &mut watch::Receiver<bool>, want: bool) {
     let _ = flag.wait_for(|value| *value == want).await.is_ok();
+}
+
+impl FaultProxy {
+    /// An asymmetric partition: while on, requests still reach the upstream but nothing comes
+    /// back (replies are held, as by [`set_blackhole`](Self::set_blackhole), and delivered in
+    /// order once it is lifted).
+    pub fn set_blackhole_down(&self, on: bool) {
+        self.shared.blackhole_down.send_replace(on);
+    }
 }
