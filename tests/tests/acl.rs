@@ -4,8 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
 
+use std::time::{Duration, Instant};
+
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
-use lock_tests::{RedisServer, ServerOptions};
+use lock_tests::{RedisServer, SCHEDULING_SLACK, ServerOptions, bounded};
 
 /// The least-privilege ACL user the README documents: its scripts, pub/sub on its channels, keys
 /// and channels under its prefix.
@@ -56,18 +58,40 @@ mod without_exec {
     behaviour_tests!(fixture_with(&ACL_RULE.replace(" +exec", "")));
 }
 
+/// A key prefix the ACL does not cover: `Unavailable` with `Permission` at once, within one
+/// request timeout (connect 1 s + response 500 ms, the defaults) + slack, although the call may
+/// wait 2 s: a refusal is not retried until the wait runs out.
 #[tokio::test]
 async fn a_prefix_outside_the_acl_is_a_permission_error() {
     let server = server();
     let client =
         LockClient::new(LockConfig::single(server.url_as("locker", "lockpw")).key_prefix("other:"))
             .unwrap();
-    match client.lock("acl:prefix").acquire().await {
+    let wait = Duration::from_secs(2);
+    let request = Duration::from_millis(1500);
+    let started = Instant::now();
+    let result = bounded(
+        wait + request + Duration::from_secs(2),
+        "acquire outside the ACL",
+        client.lock("acl:prefix").wait(wait).acquire(),
+    )
+    .await;
+    let took = started.elapsed();
+    eprintln!("prefix outside the ACL, wait {wait:?}: answered after {took:?}");
+    match result {
         Err(LockError::Unavailable { causes, .. }) => {
             assert_eq!(causes[0].kind, FailureKind::Permission, "{causes:?}");
         }
         other => panic!("expected a permission failure, got {other:?}"),
     }
+    assert!(
+        took <= request + SCHEDULING_SLACK,
+        "the permission error came after {took:?}: retried within the wait"
+    );
+    assert!(
+        server.info("errorstats").contains("errorstat_NOPERM"),
+        "the server never refused a lock command: the denial came from elsewhere"
+    );
 }
 
 /// How many MULTIs reached the server, run or refused.

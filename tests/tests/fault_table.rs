@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
     CLEANUP_PAUSE, FaultProxy, KeyEvents, RedisMasters, RedisServer, SCHEDULING_SLACK,
-    ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded, default_validity,
-    eventually, key_exists, lock_keys, unique_key, wait_until_async, warm_up,
+    ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded, bounded_blocking,
+    default_validity, eventually, key_exists, lock_keys, unique_key, wait_until, wait_until_async,
+    warm_up,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -482,6 +483,12 @@ async fn stopped_or_killed_holder_process_is_superseded_with_a_larger_token() {
 // ---------------------------------------------------------------------------------------------
 // The runtime hosting the client shut down mid-hold.
 
+/// The runtime hosting a client shut down while it holds a lock: renewal stops with it, so the
+/// key expires by its ttl after its last write (a keyspace `expired` event, not before that
+/// write + ttl - slack, not after it + slack) and nothing renews it afterwards; another client then
+/// gets it within its retry delay (100 ms, jitter 1.5x) + slack of the expiry. The dead client's
+/// lock calls and the guard's release answer with an error within one request timeout
+/// (connect 1 s + response 500 ms, the defaults) + slack: never a hang, never `Ok`.
 #[test]
 fn runtime_shut_down_mid_hold_frees_the_lock_by_its_ttl() {
     let server = RedisServer::start();
@@ -492,29 +499,101 @@ fn runtime_shut_down_mid_hold_frees_the_lock_by_its_ttl() {
         .unwrap();
     let hosted = client(LockConfig::single(server.url()).runtime(rt.handle().clone()));
     let key = unique_key("table:runtime-gone");
+    let lock = lock_keys(&key).lock;
+    let events = KeyEvents::watch(&server, &lock);
     let ttl = Duration::from_secs(1);
+    let request = ms(1500);
     let guard = rt.block_on(hosted.lock(&key).ttl(ttl).acquire()).unwrap();
     drop(rt);
-    let started = Instant::now();
+    let dropped = Instant::now();
     let other = client(LockConfig::single(server.url()));
-    let taken = other
-        .lock(&key)
-        .ttl(ttl)
-        .wait(ttl + Duration::from_secs(2))
-        .acquire_blocking();
-    eprintln!(
-        "hosting runtime gone mid-hold: {:?} after {:?}",
-        taken.as_ref().map(drop),
-        started.elapsed()
-    );
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(guard.release_blocking());
+    let taken = {
+        let key = key.clone();
+        bounded_blocking(ttl * 3, "the other client's acquire", move || {
+            let taken = other
+                .lock(&key)
+                .ttl(ttl)
+                .wait(ttl + Duration::from_secs(2))
+                .acquire_blocking();
+            (taken, Instant::now())
+        })
+    };
+    let (taken, taken_at) = taken;
+    let removal = ["del", "expired", "evicted"];
+    let since = dropped - Duration::from_secs(60);
+    wait_until(SCHEDULING_SLACK, "the removal heard", || {
+        events.first_after(&lock, &removal, since).is_some()
     });
-    let released = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("release of a guard whose runtime is gone hangs");
+    let history = events.of(&lock);
+    // The dead client's key: its writes (grant, renewals), then its removal. (A notification is
+    // heard a moment after the write, so the grant may be heard after `dropped`.)
+    let end = history
+        .iter()
+        .position(|e| removal.contains(&e.event.as_str()))
+        .unwrap_or_else(|| panic!("the lock was never freed: {history:?}"));
+    let removed = &history[end];
+    let last_write = history[..end]
+        .iter()
+        .rfind(|e| e.event == "set" || e.event == "expire")
+        .unwrap_or_else(|| panic!("no grant seen: {history:?}"))
+        .at;
+    eprintln!(
+        "hosting runtime gone mid-hold: {} {:?} after the last renewal; the other client {:?} \
+         {:?} after that",
+        removed.event,
+        removed.at - last_write,
+        taken.as_ref().map(drop),
+        taken_at.saturating_duration_since(removed.at)
+    );
+    assert!(
+        last_write <= dropped + SCHEDULING_SLACK,
+        "renewed after its runtime was gone: {history:?}"
+    );
+    assert_eq!(removed.event, "expired", "{history:?}");
+    assert!(
+        removed.at + SCHEDULING_SLACK >= last_write + ttl,
+        "freed {:?} after its last write, before its ttl",
+        removed.at - last_write
+    );
+    assert!(
+        removed.at <= last_write + ttl + SCHEDULING_SLACK,
+        "freed {:?} after its last write, past its ttl",
+        removed.at - last_write
+    );
+    assert!(
+        taken_at <= removed.at + ms(150) + SCHEDULING_SLACK,
+        "taken {:?} after the key expired",
+        taken_at.saturating_duration_since(removed.at)
+    );
+    // The dead client answers, with an error.
+    let asked = Instant::now();
+    let again = {
+        let (hosted, key) = (hosted.clone(), unique_key("table:runtime-gone-again"));
+        bounded_blocking(request * 2, "a lock call on a dead runtime", move || {
+            hosted.lock(&key).acquire_blocking()
+        })
+    };
+    let took = asked.elapsed();
+    assert!(
+        matches!(again, Err(LockError::Runtime { .. })),
+        "{:?}",
+        again.map(drop)
+    );
+    assert!(
+        took <= request + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
+    let asked = Instant::now();
+    let released = bounded_blocking(request * 2, "the release on a dead runtime", move || {
+        guard.release_blocking()
+    });
+    let took = asked.elapsed();
+    eprintln!("dead runtime: lock call and release answered, release {released:?} in {took:?}");
     assert!(released.is_err(), "released Ok on a dead runtime");
+    assert!(
+        took <= request + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
     taken
         .expect("the lock of a dead runtime is freed by its ttl")
         .release_blocking()

@@ -4,7 +4,10 @@
 
 mod behaviour;
 
+use std::time::{Duration, Instant};
+
 use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_tests::{SCHEDULING_SLACK, bounded_blocking};
 
 fn fixture() -> behaviour::Fx {
     let server = lock_tests::RedisServer::start();
@@ -46,9 +49,26 @@ fn a_dead_hosting_runtime_is_an_error_not_a_hang() {
         client.lock("hosted:held").acquire().await.unwrap()
     });
     drop(rt);
-    match client.lock("hosted:dead").acquire_blocking() {
+    // In memory nothing waits on I/O: both answer within scheduling slack.
+    let asked = Instant::now();
+    let again = bounded_blocking(
+        Duration::from_secs(5),
+        "a lock call on a dead runtime",
+        move || client.lock("hosted:dead").acquire_blocking(),
+    );
+    let took = asked.elapsed();
+    match again {
         Err(LockError::Runtime { .. }) => {}
         other => panic!("expected a runtime error, got {other:?}"),
     }
-    assert_eq!(held.release_blocking(), Ok(()));
+    assert!(took <= SCHEDULING_SLACK, "answered after {took:?}");
+    let asked = Instant::now();
+    let released = bounded_blocking(
+        Duration::from_secs(5),
+        "the release on a dead runtime",
+        move || held.release_blocking(),
+    );
+    let took = asked.elapsed();
+    assert_eq!(released, Ok(()));
+    assert!(took <= SCHEDULING_SLACK, "released after {took:?}");
 }

@@ -258,3 +258,18 @@ pub async fn warm_up(locks: &lock_runtime::LockClient) {
         .await
         .unwrap_or_else(|e| panic!("warm-up release: {e}"));
 }
+
+/// `f()` run on a thread of its own; panics when it takes longer than `limit` (the thread is
+/// left behind, blocked): for sync calls that must answer, not hang.
+pub fn bounded_blocking<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
