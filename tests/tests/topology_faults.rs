@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::history::{self, Grant, now_ns};
-use lock_tests::{RedisCluster, RedisServer, SentinelSet, bounded, lock_keys, unique_key};
+use lock_tests::{
+    RedisCluster, RedisServer, SCHEDULING_SLACK, SentinelSet, bounded, default_validity,
+    eventually, lock_keys, unique_key,
+};
 
 /// What a stress task saw: its grants, and how its calls ended otherwise.
 #[derive(Default)]
@@ -246,6 +249,7 @@ async fn a_killed_master_without_min_replicas_opens_a_double_grant_window() {
     await_fence_on(cluster.replica_of(master_node), &key, replicated_fence).await;
 
     let replica = cut_off_replica(&cluster, master);
+    let asked = Instant::now();
     let first = a.lock(&key).acquire().await.unwrap();
     let cluster = fail_over_async(cluster, master, replica).await;
     assert_eq!(cluster.master_of(&lock).port(), replica);
@@ -257,6 +261,7 @@ async fn a_killed_master_without_min_replicas_opens_a_double_grant_window() {
         .acquire()
         .await
         .unwrap();
+    let second_granted = Instant::now();
     // Both believe they hold it: the window. Fencing still tells them apart: the promoted
     // replica's counter was one grant behind, and the second token is larger all the same.
     assert!(!first.is_lost(), "the first holder has not noticed yet");
@@ -266,12 +271,28 @@ async fn a_killed_master_without_min_replicas_opens_a_double_grant_window() {
         second.fencing_token(),
         first.fencing_token()
     );
+    // Its next renewal (every ttl / 3 = 5 s; a failed one is retried sooner) reaches the promoted
+    // replica, where the key is the second holder's: lost within one renewal period + one
+    // request timeout (1.5 s, the defaults) + slack of the second grant, by that answer and not
+    // by its validity deadline (ttl - drift after its acquire was sent).
+    let ttl = Duration::from_secs(15);
+    let bound = ttl / 3 + Duration::from_millis(1500) + SCHEDULING_SLACK;
     bounded(
-        Duration::from_secs(20),
+        bound,
         "the first holder sees the loss at its next renewal",
         first.lost(),
     )
     .await;
+    let lost = Instant::now();
+    eprintln!(
+        "double grant: the first holder lost {:?} after the second grant, {:?} after its own",
+        lost - second_granted,
+        lost - asked
+    );
+    assert!(
+        lost < asked + default_validity(ttl),
+        "lost only at its validity deadline, not by a renewal"
+    );
     assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
     assert!(!second.is_lost());
     second.release().await.unwrap();
@@ -385,9 +406,67 @@ async fn sentinel_master_killed_during_a_stress_run_is_followed_within_the_bound
     );
 }
 
+/// One call of [`calls_until`]: when it started and ended, whether it failed (and how), and
+/// whether its grant was on the node it was asked to look at.
+struct Call {
+    started: Instant,
+    ended: Instant,
+    failed: Option<String>,
+    on_watched: bool,
+}
+
+/// Takes and releases `key` (wait 2 s) every 20 ms until `stop` (at most 1,000 times), and
+/// records every call in `calls`; a grant counts as on `watched` when that node has the key
+/// while held.
+async fn calls_until(
+    client: LockClient,
+    key: String,
+    watched: String,
+    stop: Arc<AtomicBool>,
+    calls: Arc<Mutex<Vec<Call>>>,
+) {
+    // A connection per look: the sentinels kill the promoted node's normal clients.
+    let watched = redis::Client::open(watched).unwrap();
+    let lock = lock_keys(&key).lock;
+    for _ in 0..1000 {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let started = Instant::now();
+        let (failed, on_watched) = match client
+            .lock(&key)
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+        {
+            Ok(guard) => {
+                let on_watched = tokio::task::block_in_place(|| {
+                    let mut conn = watched.get_connection().unwrap();
+                    redis::cmd("EXISTS")
+                        .arg(&lock)
+                        .query::<bool>(&mut conn)
+                        .unwrap()
+                });
+                let released = guard.release().await;
+                (released.err().map(|e| format!("release: {e}")), on_watched)
+            }
+            Err(e) => (Some(format!("acquire: {e}")), false),
+        };
+        calls.lock().unwrap().push(Call {
+            started,
+            ended: Instant::now(),
+            failed,
+            on_watched,
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `SENTINEL FAILOVER`: the old master keeps answering (as a master, until the sentinels
-/// reconfigure it), so no call fails; the client still moves to the new master within
-/// `sentinel::RECHECK` (1s) of the sentinels naming it, plus one request.
+/// reconfigure it), so no call fails: a caller that takes and releases the lock every 20 ms
+/// from before the failover until after it sees no error at all. The client still moves to the
+/// new master within `sentinel::RECHECK` (1s) of the sentinels naming it, plus one request
+/// timeout (1.5 s) and slack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_forced_failover_is_followed_while_the_old_master_still_answers() {
     let set = SentinelSet::start();
@@ -406,36 +485,72 @@ async fn sentinel_forced_failover_is_followed_while_the_old_master_still_answers
         .release()
         .await
         .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let caller = tokio::spawn(calls_until(
+        client.clone(),
+        key.clone(),
+        set.replica().url(),
+        Arc::clone(&stop),
+        Arc::clone(&calls),
+    ));
+    let failing_over = Instant::now();
     set.failover();
     tokio::task::block_in_place(|| set.wait_master_is(new, Duration::from_secs(20)));
     let switched = Instant::now();
-    let lock = lock_keys(&key).lock;
-    let new_master = &set.data[1];
-    let mut tries = 0;
-    // Bounded: one attempt every 50ms for 3s.
-    let followed = loop {
-        tries += 1;
-        let guard = client
-            .lock(&key)
-            .wait(Duration::from_secs(2))
-            .acquire()
-            .await;
-        let on_new = guard.is_ok() && new_master.keys(&lock) == [lock.as_str()];
-        if let Ok(guard) = guard {
-            guard.release().await.unwrap();
-        }
-        if on_new {
-            break switched.elapsed();
-        }
-        assert!(
-            tries < 60,
-            "still not on the new master after {:?}",
-            switched.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    eprintln!("followed a forced failover {followed:?} after the sentinels switched");
-    assert!(followed < Duration::from_secs(3), "{followed:?}");
+    // sentinel::RECHECK (1 s) + one request timeout (1.5 s, the defaults) + slack.
+    let bound = Duration::from_millis(2500) + SCHEDULING_SLACK;
+    let on_new = eventually(bound, || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.started >= switched && c.on_watched && c.failed.is_none())
+    })
+    .await;
+    let followed = switched.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    bounded(Duration::from_secs(10), "the caller", caller)
+        .await
+        .unwrap();
+    let calls = calls.lock().unwrap();
+    let during = calls
+        .iter()
+        .filter(|c| c.ended >= failing_over && c.started <= switched)
+        .count();
+    let failures: Vec<&String> = calls.iter().filter_map(|c| c.failed.as_ref()).collect();
+    eprintln!(
+        "forced failover: {} calls, {during} during the failover ({:?}), {} failed; a grant on \
+         the new master {followed:?} after the sentinels switched ({on_new})",
+        calls.len(),
+        switched - failing_over,
+        failures.len()
+    );
+    let summary: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            format!(
+                "{:?}..{:?} {} {}",
+                c.started.saturating_duration_since(switched),
+                c.ended.saturating_duration_since(switched),
+                if c.on_watched { "new" } else { "old" },
+                c.failed.as_deref().unwrap_or("ok")
+            )
+        })
+        .collect();
+    assert!(
+        on_new,
+        "no grant on the new master within {bound:?} of the switch; calls (since the switch): \
+         {summary:#?}"
+    );
+    assert!(
+        during > 0,
+        "no call ran during the failover: the check proves nothing"
+    );
+    assert!(
+        failures.is_empty(),
+        "calls failed during a forced failover: {failures:?}"
+    );
 }
 
 /// Waits (bounded by a replication round trip on a loaded machine) until `node`'s copy of the fence
