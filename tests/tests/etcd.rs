@@ -13,9 +13,15 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{ENV_ETCD_ENDPOINTS, FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::{
-    EtcdCluster, FaultProxy, RedisServer, Worker, bounded, etcd_key, finish_all, history,
-    unique_key, until_queued, wait_until,
+    EtcdCluster, FaultProxy, RedisServer, SCHEDULING_SLACK, Worker, bounded, default_validity,
+    etcd_key, finish_all, history, unique_key, until_queued, wait_until,
 };
+
+/// [`client`]'s request timeout: connect 300 ms + response 500 ms.
+const REQUEST: Duration = Duration::from_millis(800);
+
+/// How often etcd revokes the leases that ran out.
+const ETCD_EXPIRY_SWEEP: Duration = Duration::from_millis(500);
 
 fn client(endpoints: Vec<String>) -> LockClient {
     LockClient::new(
@@ -172,8 +178,10 @@ async fn killed_holder_process_frees_the_lock_within_its_ttl() {
 
 /// The client is partitioned from the cluster (a blackhole in front of its only endpoint) while
 /// it holds a lock: the holder is told `Lost` at its validity deadline (ttl after the last
-/// confirmed keepalive), the async body is cancelled and the call says `Lost`; another client
-/// gets the lock only after that, once the lease expired on the cluster.
+/// confirmed keepalive), the async body is cancelled and the call says `Lost`. A contender that
+/// keeps trying (wait 0, every 50 ms) throughout the partition is refused until then and gets the
+/// lock only after the holder's loss (no overlap), within the lease's end (the holder's deadline
+/// + its drift) + etcd's 500 ms expiry sweep + one poll and one request timeout + slack after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_gets_it() {
     let cluster = EtcdCluster::shared(3);
@@ -199,23 +207,63 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
     inside.await.unwrap();
     proxy.set_blackhole(true);
     let cut = Instant::now();
+    // The contender: one try every 50 ms, each recorded, until it holds the lock (bounded).
+    let poll = Duration::from_millis(50);
+    let contender = {
+        let (other, key) = (other.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut refused = 0u32;
+            for _ in 0..200 {
+                match other.lock(&key).ttl(ttl).acquire().await {
+                    Ok(guard) => return (Instant::now(), refused, guard),
+                    Err(LockError::Contended { .. }) => refused += 1,
+                    Err(e) => panic!("the contender: {e}"),
+                }
+                tokio::time::sleep(poll).await;
+            }
+            panic!("the contender never got the lock ({refused} refusals)");
+        })
+    };
     bounded(ttl * 2, "the loss", guard.lost()).await;
-    let lost_after = cut.elapsed();
+    let lost = Instant::now();
+    let lost_after = lost - cut;
     let body_result = bounded(ttl * 2, "the cancelled body", body).await.unwrap();
     assert_eq!(body_result, Err(LockError::Lost { key: body_key }));
-    let taken = take_within_10s(&other, &key).await;
-    let taken_after = cut.elapsed();
-    eprintln!("lost {lost_after:?} after the partition; taken by another after {taken_after:?}");
-    // The validity deadline is at most ttl after the cut (the last confirmed keepalive was sent
-    // before it), noticed by the renewal driver's timer: allow for a busy machine's scheduling.
-    assert!(
-        lost_after <= ttl + Duration::from_millis(300),
-        "{lost_after:?}"
+    let (taken_at, refused, taken) = bounded(ttl * 3, "the contender", contender).await.unwrap();
+    let taken_after = taken_at - cut;
+    eprintln!(
+        "lost {lost_after:?} after the partition; the contender, refused {refused} times, got it \
+         {:?} after the loss",
+        taken_at - lost
     );
-    assert!(lost_after >= ttl / 2, "lost too early: {lost_after:?}");
+    // The validity deadline is at most ttl after the cut (the last confirmed keepalive was sent
+    // before it), and at least ttl - drift after the last one confirmed, which was sent at most
+    // one renewal period (ttl / 3) + one request timeout before the cut; noticed by the renewal
+    // driver's timer.
+    let validity = default_validity(ttl);
     assert!(
-        taken_after > lost_after,
-        "granted to another before the holder knew"
+        lost_after <= ttl + SCHEDULING_SLACK,
+        "lost {lost_after:?} after the cut"
+    );
+    assert!(
+        lost_after + ttl / 3 + REQUEST + SCHEDULING_SLACK >= validity,
+        "lost too early: {lost_after:?} after the cut"
+    );
+    assert!(
+        refused > 0,
+        "the contender never tried during the partition"
+    );
+    assert!(
+        taken_at > lost,
+        "granted to another {:?} before the holder knew",
+        lost - taken_at
+    );
+    let bound = (ttl - validity) + ETCD_EXPIRY_SWEEP + poll + REQUEST + SCHEDULING_SLACK;
+    assert!(
+        taken_at - lost <= bound,
+        "the contender got the lock {:?} after the holder's loss (bound {bound:?}), {taken_after:?} \
+         after the cut",
+        taken_at - lost
     );
     proxy.set_blackhole(false);
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));

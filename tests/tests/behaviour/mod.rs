@@ -16,7 +16,8 @@ use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
 #[cfg(feature = "etcd")]
 use lock_tests::etcd_key;
 use lock_tests::{
-    LockStore, RedisServer, bounded, lock_keys, unique_key, wait_until, wait_until_async,
+    LockStore, RedisServer, SCHEDULING_SLACK, bounded, lock_keys, unique_key, wait_until,
+    wait_until_async,
 };
 
 /// Between two attempts a waiter sleeps at least half of this (jitter 0.5), unless a release
@@ -1126,12 +1127,15 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
         "{:?}",
         forced.elapsed()
     );
-    bounded(
-        Duration::from_secs(5),
-        "the holder sees the loss",
-        guard.lost(),
-    )
-    .await;
+    // At its next renewal: within one renewal period (ttl / 3) + one request timeout (every
+    // fixture's default, connect 1 s + response 500 ms) + slack of the forced release.
+    let bound = ttl / 3 + Duration::from_millis(1500) + SCHEDULING_SLACK;
+    bounded(bound, "the holder sees the loss", guard.lost()).await;
+    let lost_after = forced.elapsed();
+    assert!(
+        lost_after <= bound,
+        "lost {lost_after:?} after the forced release (bound {bound:?})"
+    );
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     taken.release().await.unwrap();
     // Redlock's release answers once a majority let go; the slower nodes follow.
