@@ -374,6 +374,48 @@ impl EtcdCluster {
     }
 }
 
+impl EtcdCluster {
+    /// A POST to the first member that answers it (with a response `header`); panics if none does.
+    fn post_anywhere(&self, path: &str, body: &str) -> String {
+        (0..self.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .find_map(|i| {
+                http(self.client_port(i), "POST", path, body).filter(|r| r.contains("\"header\""))
+            })
+            .unwrap_or_else(|| panic!("no etcd member answered {path}"))
+    }
+
+    /// The cluster's current revision.
+    pub fn revision(&self) -> i64 {
+        let body = format!("{{\"key\":\"{}\",\"count_only\":true}}", base64(b"\0"));
+        let answer = self.post_anywhere("/v3/kv/range", &body);
+        json_str(&answer, "revision")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("no revision in {answer}"))
+    }
+
+    /// Compacts the history up to the current revision (physically: watches that start at an
+    /// older revision are told it is compacted). Returns that revision.
+    pub fn compact(&self) -> i64 {
+        let revision = self.revision();
+        let body = format!("{{\"revision\":\"{revision}\",\"physical\":true}}");
+        self.post_anywhere("/v3/kv/compaction", &body);
+        revision
+    }
+
+    /// Revokes the lease `key` is bound to, as another client (an operator) would: the key is
+    /// deleted with it. `false` when the key does not exist or has no lease.
+    pub fn revoke_lease_of(&self, key: &str) -> bool {
+        let body = format!("{{\"key\":\"{}\"}}", base64(key.as_bytes()));
+        let answer = self.post_anywhere("/v3/kv/range", &body);
+        let Some(lease) = json_str(&answer, "lease") else {
+            return false;
+        };
+        self.post_anywhere("/v3/lease/revoke", &format!("{{\"ID\":\"{lease}\"}}"));
+        true
+    }
+}
+
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
