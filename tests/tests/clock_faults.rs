@@ -236,3 +236,56 @@ async fn a_backward_server_clock_step_delays_a_dead_holders_expiry_documented_li
         wait_until_async(ttl, "released", || !key_exists(&server, &lock_key)).await;
     }
 }
+
+/// The value of `name=<n>` in a `memory_fences` line.
+fn field(line: &str, name: &str) -> u128 {
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+/// The client's wall clock stepped back an hour under the in-memory backend (a child process
+/// under libfaketime): the wall clock only seeds a name's counter the first time the name is
+/// used, and counters are never dropped, so an existing name's tokens keep growing; a name first
+/// used after the step starts from the stepped-back clock, which no token of that name preceded.
+#[test]
+fn a_client_clock_step_back_leaves_in_memory_tokens_growing() {
+    let clock = FakeClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let env = clock.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut child = Worker::spawn_with_env(
+        env!("CARGO_BIN_EXE_memory_fences"),
+        &[go.to_str().unwrap()],
+        &env,
+    );
+    let before = child.next_line(Duration::from_secs(20));
+    clock.set(-HOUR_MS);
+    std::fs::write(&go, b"").unwrap();
+    let after = child.next_line(Duration::from_secs(20));
+    child
+        .finish(Duration::from_secs(10))
+        .assert_success("memory_fences");
+    eprintln!(
+        "in memory, client clock -1h: a grew {}, the new name b below a's tokens {}",
+        field(&after, "a") > field(&before, "a"),
+        field(&after, "b") < field(&before, "a")
+    );
+    // The cause: the child's wall clock went back by the hour (less the time between the lines).
+    let stepped = i128::try_from(field(&before, "wall_ms")).unwrap()
+        - i128::try_from(field(&after, "wall_ms")).unwrap();
+    assert!(
+        (i128::from(HOUR_MS) - stepped).abs() < 5_000,
+        "the child's clock moved back {stepped} ms"
+    );
+    assert!(
+        field(&after, "a") > field(&before, "a"),
+        "an existing name's token did not grow across the step"
+    );
+    assert!(
+        field(&after, "b") < field(&before, "a"),
+        "a new name's first token was not seeded by the stepped clock"
+    );
+}
