@@ -35,7 +35,7 @@ pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, eventually, key_exists,
-    ping_error_code, warm_up,
+    pause_writes, ping_error_code, warm_up,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::SentinelSet;

@@ -479,6 +479,73 @@ async fn acquire_with_unknown_outcome_leaves_no_orphan() {
     assert!(!exists(&mut admin, &redis_key(&key)));
 }
 
+/// A reply delayed past the lock's validity is never a success, on a single node: a proxy adds
+/// 200 ms each way, so every round trip (400 ms) outlasts the 300 ms ttl. With a patient client
+/// (3 s timeouts: the reply comes within them) and an impatient one (200 ms: it times out),
+/// wait 0 and 1 s: `Unavailable`. The request did land (keyspace `set`, one link delay in), and
+/// once the delay is gone nothing is left within the ttl + slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_past_validity_is_never_success_on_a_single_node() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let timeouts = |t: Duration| {
+        client(
+            LockConfig::single(proxy.url())
+                .connect_timeout(t)
+                .response_timeout(t),
+        )
+    };
+    let (patient, impatient) = (
+        timeouts(Duration::from_secs(3)),
+        timeouts(Duration::from_millis(200)),
+    );
+    let key = unique_key("faults:past-validity");
+    let lock = redis_key(&key);
+    let ttl = Duration::from_millis(300);
+    let one_way = Duration::from_millis(200);
+    assert!(2 * one_way > default_validity(ttl));
+    let events = KeyEvents::watch(&server, &lock);
+    for (name, locks) in [("patient", &patient), ("impatient", &impatient)] {
+        warm_up(locks).await;
+        proxy.set_delay(one_way);
+        for wait in [Duration::ZERO, Duration::from_secs(1)] {
+            let what = format!("{name} client, wait {wait:?}");
+            let started = Instant::now();
+            let result = bounded(
+                Duration::from_secs(10),
+                &what,
+                locks.lock(&key).ttl(ttl).wait(wait).acquire(),
+            )
+            .await;
+            eprintln!(
+                "single node +400ms RTT, ttl {ttl:?}, {what}: {} after {:?}",
+                match &result {
+                    Ok(_) => "Ok".to_owned(),
+                    Err(e) => e.to_string(),
+                },
+                started.elapsed()
+            );
+            assert!(
+                matches!(result, Err(LockError::Unavailable { .. })),
+                "{what}: a reply past the validity: expected Unavailable, got {:?}",
+                result.map(drop)
+            );
+            let landed = events
+                .wait_first_after(&lock, &["set"], started, Duration::from_secs(2), &what)
+                .await;
+            assert!(
+                landed.at >= started + one_way,
+                "{what}: the grant landed {:?} in, not delayed",
+                landed.at - started
+            );
+        }
+        proxy.set_delay(Duration::ZERO);
+        let mut admin = server.admin();
+        wait_gone(&server, &lock, ttl + SCHEDULING_SLACK, name).await;
+        assert!(!exists(&mut admin, &lock));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Holder process killed (cancellation, drop and panic: the behaviour suite, behaviour/mod.rs)
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::history::{self, Grant, now_ns};
 use lock_tests::{
-    RedisCluster, RedisServer, SCHEDULING_SLACK, SentinelSet, bounded, default_validity,
-    eventually, lock_keys, unique_key,
+    KeyEvents, RedisCluster, RedisServer, SCHEDULING_SLACK, SentinelSet, bounded, default_validity,
+    eventually, lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
 };
 
 /// What a stress task saw: its grants, and how its calls ended otherwise.
@@ -551,6 +551,126 @@ async fn sentinel_forced_failover_is_followed_while_the_old_master_still_answers
         failures.is_empty(),
         "calls failed during a forced failover: {failures:?}"
     );
+}
+
+/// A reply delayed past the lock's validity is never a success: writes on `master` (the
+/// lock's) are paused (`CLIENT PAUSE WRITE`: a proxy cannot sit in front, the client finds the
+/// nodes itself) for 2 s, past the 300 ms ttl, so the first attempt's reply comes after the
+/// validity ran out. Its grant did land, past the validity (keyspace `set`). An impatient client
+/// (200 ms timeouts; the pause outlasts its wait + one request timeout, so no attempt of the call
+/// is answered) is `Unavailable`. A patient one (3 s timeouts: the late reply comes within them)
+/// is `Unavailable`, or `Ok` only through a fresh same-token attempt made after the pause (a
+/// second write of the key after the late grant, within the call's bound): never by the late
+/// reply. Once the pause is over, nothing is left within the ttl + slack.
+async fn replies_past_validity_are_never_success(
+    config: &LockConfig,
+    master: &RedisServer,
+    key: &str,
+) {
+    let ttl = Duration::from_millis(300);
+    let validity = default_validity(ttl);
+    let pause = Duration::from_secs(2);
+    let patient = LockClient::new(
+        config
+            .clone()
+            .connect_timeout(Duration::from_secs(3))
+            .response_timeout(Duration::from_secs(3)),
+    )
+    .unwrap();
+    let impatient = LockClient::new(
+        config
+            .clone()
+            .connect_timeout(Duration::from_millis(200))
+            .response_timeout(Duration::from_millis(200)),
+    )
+    .unwrap();
+    let lock = lock_keys(key).lock;
+    let events = KeyEvents::watch(master, &lock);
+    for (name, locks) in [("patient", &patient), ("impatient", &impatient)] {
+        warm_up(locks).await;
+        for wait in [Duration::ZERO, Duration::from_secs(1)] {
+            let what = format!("{name} client, wait {wait:?}");
+            let paused = pause_writes(master, pause);
+            let result = bounded(
+                pause + Duration::from_secs(7),
+                &what,
+                locks.lock(key).ttl(ttl).wait(wait).acquire(),
+            )
+            .await;
+            let took = paused.elapsed();
+            let () = redis::cmd("CLIENT")
+                .arg("UNPAUSE")
+                .query(&mut master.admin())
+                .unwrap();
+            let landed = events
+                .wait_first_after(&lock, &["set"], paused, Duration::from_secs(2), &what)
+                .await;
+            assert!(
+                landed.at >= paused + validity,
+                "{what}: the grant landed {:?} into the pause, within the validity",
+                landed.at - paused
+            );
+            let outcome = match result {
+                Err(LockError::Unavailable { .. }) => "Unavailable".to_owned(),
+                Ok(guard) if name == "patient" => {
+                    // The late grant's `SET .. PX` notifies `set` and `expire`; a second
+                    // `expire` is the same-token retry's PEXPIRE.
+                    // (Heard a moment after the reply that made the call return.)
+                    let rewritten = eventually(SCHEDULING_SLACK, || {
+                        events
+                            .of(&lock)
+                            .iter()
+                            .filter(|e| e.event == "expire" && e.at >= landed.at)
+                            .count()
+                            >= 2
+                    })
+                    .await;
+                    assert!(
+                        rewritten,
+                        "{what}: Ok from the late reply, with no later attempt: {:?}",
+                        events.of(&lock)
+                    );
+                    assert!(!guard.is_lost(), "{what}");
+                    guard.release().await.unwrap();
+                    "Ok, by a fresh attempt after the pause".to_owned()
+                }
+                other => panic!(
+                    "{what}: a reply past the validity: expected Unavailable, got {:?}",
+                    other.map(drop)
+                ),
+            };
+            eprintln!(
+                "writes paused {pause:?}, ttl {ttl:?}, {what}: {outcome} after {took:?}; the late \
+                 grant landed {:?} into the pause",
+                landed.at - paused
+            );
+            wait_until_async(
+                ttl + SCHEDULING_SLACK,
+                &format!("{what}: nothing left"),
+                || master.keys(&lock).is_empty(),
+            )
+            .await;
+        }
+    }
+}
+
+/// [`replies_past_validity_are_never_success`] on a Redis Cluster (the master of the key's slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_replies_past_validity_are_never_success() {
+    let cluster = RedisCluster::start();
+    let key = unique_key("cluster:past-validity");
+    let master = cluster.master_of(&lock_keys(&key).lock);
+    replies_past_validity_are_never_success(&LockConfig::cluster(cluster.urls()), master, &key)
+        .await;
+}
+
+/// [`replies_past_validity_are_never_success`] behind Sentinel (its master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_replies_past_validity_are_never_success() {
+    let set = SentinelSet::start();
+    let key = unique_key("sentinel:past-validity");
+    let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls());
+    replies_past_validity_are_never_success(&config, set.master(), &key).await;
 }
 
 /// Waits (bounded by a replication round trip on a loaded machine) until `node`'s copy of the fence

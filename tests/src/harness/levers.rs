@@ -273,3 +273,15 @@ pub fn bounded_blocking<T: Send + 'static>(
     rx.recv_timeout(limit)
         .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
 }
+
+/// `CLIENT PAUSE <pause> WRITE` on `server`: it holds every write command (the lock scripts and
+/// transactions) until the pause ends, and answers reads meanwhile. Returns when the pause began.
+pub fn pause_writes(server: &RedisServer, pause: Duration) -> std::time::Instant {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX))
+        .arg("WRITE")
+        .query(&mut server.admin())
+        .unwrap();
+    std::time::Instant::now()
+}
