@@ -10,9 +10,12 @@ use lock_runtime::__private::redis_keys;
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     BusyScript, CLEANUP_PAUSE, FaultProxy, KeyEvents, LoadingServer, RedisMasters, RedisServer,
-    SCHEDULING_SLACK, await_waiter, bounded, eventually, key_exists, lock_keys, unique_key,
-    warm_up,
+    SCHEDULING_SLACK, Worker, await_waiter, bounded, eventually, key_exists, lock_keys, unique_key,
+    wait_until_async, warm_up,
 };
+
+/// One request with the default timeouts: connect 1 s + response 500 ms.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -639,44 +642,76 @@ async fn one_bad_item_in_a_renewal_batch_fails_only_itself() {
 // ---------------------------------------------------------------------------------------------
 // 8. Shutdown releases what is held and waits for releases still running.
 
-/// One lock still held by running code, one guard dropped just before shutdown (its release is
-/// in flight), one cleanup of nothing: after `shutdown()` returns, no key is left, the holder sees
-/// its lock lost, and new locks are refused, with no sleep in between.
+/// A process that exits right after `lock_runtime::shutdown()` (the `shutdown_worker` child,
+/// through a proxy adding 100 ms each way): one lock still held, one guard dropped just before
+/// (its release in flight), one acquire cancelled with its request on the wire (its grant lands
+/// after the cancellation). `shutdown()` returns, and the process exits, within its bound: one
+/// request timeout (connect 1 s + response 500 ms, the defaults) + slack. Right after the exit,
+/// not by the 30 s ttl, no key is left: each was deleted (a keyspace `del`, after the child said
+/// it was shutting down, so the release was in flight then); the holder saw its lock lost and a
+/// later call was refused with `Runtime`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_held_locks_and_waits_for_pending_releases() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = client(LockConfig::single(proxy.url()));
-    let (held, dropped) = (
+    let names = [
         unique_key("life:shutdown-held"),
         unique_key("life:shutdown-drop"),
-    );
-    let guard = locks.lock(&held).acquire().await.unwrap();
-    let other = locks.lock(&dropped).acquire().await.unwrap();
-    // Slow enough that the dropped guard's release is surely still in flight at shutdown.
+        unique_key("life:shutdown-cancelled"),
+    ];
+    let locks: Vec<String> = names.iter().map(|n| lock_keys(n).lock).collect();
+    let events = KeyEvents::watch(&server, "*");
     proxy.set_delay(ms(100));
-    drop(other);
-    let shutting = locks.clone();
-    tokio::task::spawn_blocking(move || shutting.shutdown())
-        .await
-        .unwrap();
+    let url = proxy.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_shutdown_worker"),
+        &[url.as_str(), &names[0], &names[1], &names[2]],
+    );
+    assert_eq!(worker.next_line(Duration::from_secs(20)), "acquired");
+    assert_eq!(worker.next_line(Duration::from_secs(5)), "shutting down");
+    let shutting = Instant::now();
+    let bound = REQUEST_TIMEOUT + SCHEDULING_SLACK;
+    let finished = tokio::task::block_in_place(|| worker.finish(bound + Duration::from_secs(5)));
+    let exited = shutting.elapsed();
+    finished.assert_success("shutdown_worker");
+    // Right after the exit: nothing left.
+    let left: Vec<&String> = locks.iter().filter(|l| key_exists(&server, l)).collect();
+    let report = finished.stdout.last().cloned().unwrap_or_default();
+    eprintln!("shutdown_worker exited {exited:?} after shutting down: {report}; left: {left:?}");
     assert!(
-        !key_exists(&server, &lock_keys(&dropped).lock),
-        "a dropped guard's release was cut off"
+        left.is_empty(),
+        "keys left after the process exited: {left:?}"
+    );
+    let took: u64 = report
+        .strip_prefix("shutdown took=")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("shutdown_worker said {report:?}"));
+    assert!(
+        Duration::from_millis(took) <= bound,
+        "shutdown() blocked {took} ms (bound {bound:?})"
     );
     assert!(
-        !key_exists(&server, &lock_keys(&held).lock),
-        "a held lock survived shutdown"
+        exited <= bound + SCHEDULING_SLACK,
+        "the process exited {exited:?} after shutting down"
     );
-    assert!(guard.is_lost(), "the holder must see its lock gone");
-    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-    assert!(matches!(
-        locks
-            .lock(unique_key("life:after-shutdown"))
-            .acquire()
-            .await,
-        Err(LockError::Runtime { .. })
-    ));
+    assert!(
+        report.ends_with("lost=true refused=true"),
+        "the holder must see its lock lost, and later calls be refused: {report}"
+    );
+    for lock in &locks {
+        wait_until_async(SCHEDULING_SLACK, &format!("{lock} deletion heard"), || {
+            events.first_after(lock, &["del"], shutting).is_some()
+        })
+        .await;
+        assert!(
+            events
+                .first_after(lock, &["set"], shutting - Duration::from_secs(60))
+                .is_some(),
+            "{lock} was never granted: {:?}",
+            events.of(lock)
+        );
+    }
 }
 
 /// An async body under the attribute's glue is cancelled by a shutdown, and the call says `Lost`.
