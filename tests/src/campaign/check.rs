@@ -25,12 +25,14 @@
 //! back for the keys set meanwhile.
 //!
 //! A token that does not grow is a documented limit only when the granting servers' clock went
-//! back between the two grants (tokens are raised to the server clock, and grow across a lost
-//! counter only as long as the clock does not go back by more than the time between the grants):
-//! a step back on a quorum of servers that was active at the later grant and began after the
-//! earlier one was asked for, or the return of a step ahead that came between them.
+//! back (tokens are raised to the server clock, and grow across a lost counter only as long as
+//! the clock does not go back by more than the time between the grants): a step back on a quorum
+//! of servers active at the later grant, or a step ahead that began before the earlier grant and
+//! returned before the later one, by less than the largest step ([`Bounds::clock_step_ns`]): the
+//! counter counted on from the clock ahead, and a counter lost since restarts from the clock
+//! returned.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::record::{Fault, FaultKind, Op, Outcome, Release, Write, WriteResult};
@@ -52,6 +54,8 @@ pub struct Bounds {
     /// How many lock servers a grant needs (1 on one server, 3 of Redlock's 5): a clock step on
     /// fewer is no documented limit.
     pub quorum: usize,
+    /// The largest clock step the nemesis makes.
+    pub clock_step_ns: u64,
 }
 
 /// Holds of one key that were held at once.
@@ -255,13 +259,44 @@ fn span(overlap: &Overlap) -> (u64, u64) {
 /// held; for a paused worker, one of the holders.
 fn documented_by<'a>(overlap: &Overlap, faults: &'a [Fault], bounds: &Bounds) -> Option<&'a Fault> {
     let (start, end) = span(overlap);
+    let during = |f: &Fault| f.start_ns < end && start < f.end_ns + bounds.ttl_ns;
     faults.iter().find(|f| {
-        f.is_documented_limit(bounds.quorum)
-            && f.start_ns < end
-            && start < f.end_ns + bounds.ttl_ns
+        during(f)
             && f.pid
                 .is_none_or(|pid| overlap.holds.iter().any(|h| h.pid == pid))
+            && (f.is_documented_limit(bounds.quorum)
+                || bare_quorum(f, overlap, faults, bounds.quorum, during))
     })
+}
+
+/// Whether clock step `step` on a minority explains the overlap all the same: the servers it
+/// stepped, those a fault may have kept out of the first holder's grant (any fault on them during
+/// its acquire) and those that lost keys meanwhile (another clock step, a kill or a restart while
+/// the holds were held) make a quorum. The first holder's grant then rested on fewer than a
+/// quorum of servers that kept its key, which Redlock's clock assumption rules out.
+fn bare_quorum(
+    step: &Fault,
+    overlap: &Overlap,
+    faults: &[Fault],
+    quorum: usize,
+    during: impl Fn(&Fault) -> bool,
+) -> bool {
+    let Some(first) = overlap.holds.first() else {
+        return false;
+    };
+    if !step.kind.is_clock_step() {
+        return false;
+    }
+    let mut servers: BTreeSet<usize> = step.servers.iter().copied().collect();
+    for f in faults {
+        let at_grant = f.start_ns < first.done_ns && first.invoke_ns < f.end_ns;
+        let forgot = during(f)
+            && (f.kind.is_clock_step() || matches!(f.kind, FaultKind::Kill | FaultKind::Restart));
+        if at_grant || forgot {
+            servers.extend(f.servers.iter().copied());
+        }
+    }
+    servers.len() >= quorum
 }
 
 /// Whether the holder with the smaller token wrote to the register after the newer holder's
@@ -293,10 +328,9 @@ fn stale_writer_fenced(overlap: &Overlap, writes: &[Write]) -> bool {
     !late.is_empty() && late.iter().all(|w| w.result == WriteResult::Rejected)
 }
 
-/// The clock step on a quorum of servers that sent their clock back between the two grants of
-/// a token that did not grow: a step back active at the later grant that began after the
-/// earlier grant was asked for, or a step ahead active at the earlier grant that returned
-/// before the later one.
+/// The clock step on a quorum of servers that sent their clock back before the later grant of a
+/// token that did not grow: a step back active at the later grant, or a step ahead that began
+/// before the earlier grant and returned less than the largest step before the later one.
 fn clock_went_back<'a>(
     found: &Violation,
     faults: &'a [Fault],
@@ -309,15 +343,11 @@ fn clock_went_back<'a>(
         f.kind.is_clock_step()
             && f.is_documented_limit(bounds.quorum)
             && match f.kind {
-                FaultKind::ClockBack => {
-                    earlier.invoke_ns < f.start_ns
-                        && f.start_ns < later.done_ns
-                        && later.invoke_ns < f.end_ns
-                }
+                FaultKind::ClockBack => f.start_ns < later.done_ns && later.invoke_ns < f.end_ns,
                 _ => {
                     f.start_ns < earlier.done_ns
-                        && earlier.invoke_ns < f.end_ns
                         && f.end_ns < later.done_ns
+                        && later.invoke_ns < f.end_ns + bounds.clock_step_ns
                 }
             }
     })
@@ -492,6 +522,7 @@ mod tests {
             healed_ns: 10_000 * MS,
             end_ns: 20_000 * MS,
             quorum: 1,
+            clock_step_ns: 3000 * MS,
         }
     }
 
@@ -669,7 +700,7 @@ mod tests {
             kind: FaultKind::ClientPause,
             target: "worker 9".into(),
             pid: Some(9),
-            nodes: 1,
+            servers: Vec::new(),
             start_ns: 1200 * MS,
             end_ns: 2500 * MS,
         };
@@ -687,7 +718,7 @@ mod tests {
             kind: FaultKind::ClientPause,
             target: "worker 1".into(),
             pid: Some(1),
-            nodes: 1,
+            servers: Vec::new(),
             start_ns: 200 * MS,
             end_ns: 2800 * MS,
         };
@@ -741,13 +772,13 @@ mod tests {
         ops.push(hold(2, "k", 9, 11_000, 11_010));
         assert!(violations(&ops, &[], &[]).is_empty());
     }
-    /// A clock step of `kind` on `nodes` servers from `start` to `end` ms.
-    fn clock_step(kind: FaultKind, nodes: usize, start: u64, end: u64) -> Fault {
+    /// A clock step of `kind` on `servers` from `start` to `end` ms.
+    fn clock_step(kind: FaultKind, servers: &[usize], start: u64, end: u64) -> Fault {
         Fault {
             kind,
             target: "clock 0".into(),
             pid: None,
-            nodes,
+            servers: servers.to_vec(),
             start_ns: start * MS,
             end_ns: end * MS,
         }
@@ -762,7 +793,7 @@ mod tests {
     #[test]
     fn an_overlap_during_a_forward_clock_step_is_a_documented_limit() {
         let (ops, writes) = early_expiry();
-        let step = clock_step(FaultKind::ClockForward, 1, 1000, 1500);
+        let step = clock_step(FaultKind::ClockForward, &[0], 1000, 1500);
         let report = check(&ops, &writes, std::slice::from_ref(&step), &bounds());
         assert!(report.is_clean(), "{:?}", report.violations);
         assert_eq!(report.documented.len(), 1);
@@ -776,7 +807,7 @@ mod tests {
         let found = violations(&ops, &writes, &[]);
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
         // Nor does a step that began after both holds had ended.
-        let later = clock_step(FaultKind::ClockForward, 1, 1400, 1500);
+        let later = clock_step(FaultKind::ClockForward, &[0], 1400, 1500);
         let found = violations(&ops, &writes, &[later]);
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
     }
@@ -788,13 +819,39 @@ mod tests {
             quorum: 3,
             ..bounds()
         };
-        let minority = clock_step(FaultKind::ClockForward, 1, 1000, 1500);
+        let minority = clock_step(FaultKind::ClockForward, &[0], 1000, 1500);
         let found = check(&ops, &writes, &[minority], &redlock).violations;
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
-        let majority = clock_step(FaultKind::ClockForward, 3, 1000, 1500);
+        let majority = clock_step(FaultKind::ClockForward, &[0, 1, 2], 1000, 1500);
         let report = check(&ops, &writes, &[majority], &redlock);
         assert!(report.is_clean(), "{:?}", report.violations);
         assert_eq!(report.documented.len(), 1);
+    }
+
+    #[test]
+    fn a_clock_step_on_one_redlock_node_explains_an_overlap_when_the_grant_had_a_bare_quorum() {
+        // Worker 1's grant (0..1 ms) missed node 3 (down) and node 4 (link blackholed): it held
+        // 0, 1 and 2 only, and node 2's clock stepped ahead at 1000 ms.
+        let (ops, writes) = early_expiry();
+        let redlock = Bounds {
+            quorum: 3,
+            ..bounds()
+        };
+        let on = |kind, server: usize| Fault {
+            kind,
+            target: format!("node {server}"),
+            servers: vec![server],
+            ..clock_step(kind, &[], 0, 500)
+        };
+        let step = clock_step(FaultKind::ClockForward, &[2], 1000, 1500);
+        let missed = [on(FaultKind::Kill, 3), on(FaultKind::Blackhole, 4)];
+        let faults = [missed[0].clone(), missed[1].clone(), step.clone()];
+        let report = check(&ops, &writes, &faults, &redlock);
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.documented[0].fault.as_ref(), Some(&step));
+        // One node missing from the grant leaves it a node to spare.
+        let found = check(&ops, &writes, &[missed[0].clone(), step], &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
     }
 
     /// Worker 2's token, granted at 1200 ms, is below worker 1's of 1..100 ms.
@@ -804,7 +861,7 @@ mod tests {
 
     #[test]
     fn a_token_that_does_not_grow_during_a_backward_clock_step_is_a_documented_limit() {
-        let step = clock_step(FaultKind::ClockBack, 1, 1000, 1500);
+        let step = clock_step(FaultKind::ClockBack, &[0], 1000, 1500);
         let report = check(&shrinking_token(), &[], &[step], &bounds());
         assert!(report.is_clean(), "{:?}", report.violations);
         assert!(
@@ -812,11 +869,15 @@ mod tests {
             "{:?}",
             report.documented_fences
         );
-        // So is one granted after the return of a step ahead active at the earlier grant.
-        let ahead = clock_step(FaultKind::ClockForward, 1, 0, 1000);
-        let report = check(&shrinking_token(), &[], &[ahead], &bounds());
-        assert!(report.is_clean(), "{:?}", report.violations);
-        assert_eq!(report.documented_fences.len(), 1);
+        // So is one granted after the return of a step ahead that began before the earlier
+        // grant, also when the earlier grant came after the return (its counter counted on from
+        // the clock ahead).
+        for end in [50, 1000] {
+            let ahead = clock_step(FaultKind::ClockForward, &[0], 0, end);
+            let report = check(&shrinking_token(), &[], &[ahead], &bounds());
+            assert!(report.is_clean(), "{:?}", report.violations);
+            assert_eq!(report.documented_fences.len(), 1);
+        }
     }
 
     #[test]
@@ -826,15 +887,16 @@ mod tests {
             matches!(&found[..], [Violation::FenceNotIncreasing { .. }])
         };
         assert!(not_increasing(&[], &bounds()));
-        // A step back that ended before the later grant, one that began before the earlier
-        // grant, a step ahead (still active at the later grant), a restart, a step on a minority.
+        // A step back that ended before the later grant, a step ahead still active at the later
+        // grant, one that began after the earlier grant, a restart; a step on a minority, and
+        // one that returned more than the largest step before the later grant.
         let cases = [
-            clock_step(FaultKind::ClockBack, 1, 500, 1100),
-            clock_step(FaultKind::ClockBack, 1, 0, 1500),
-            clock_step(FaultKind::ClockForward, 1, 1000, 1500),
+            clock_step(FaultKind::ClockBack, &[0], 500, 1100),
+            clock_step(FaultKind::ClockForward, &[0], 0, 1500),
+            clock_step(FaultKind::ClockForward, &[0], 50, 1000),
             Fault {
                 kind: FaultKind::Restart,
-                ..clock_step(FaultKind::ClockBack, 1, 1000, 1001)
+                ..clock_step(FaultKind::ClockBack, &[0], 1000, 1001)
             },
         ];
         for fault in cases {
@@ -847,7 +909,13 @@ mod tests {
             quorum: 3,
             ..bounds()
         };
-        let minority = clock_step(FaultKind::ClockBack, 2, 1000, 1500);
+        let minority = clock_step(FaultKind::ClockBack, &[0, 1], 1000, 1500);
         assert!(not_increasing(&[minority], &redlock));
+        let small_steps = Bounds {
+            clock_step_ns: 100 * MS,
+            ..bounds()
+        };
+        let long_ago = clock_step(FaultKind::ClockForward, &[0], 0, 50);
+        assert!(not_increasing(&[long_ago], &small_steps));
     }
 }

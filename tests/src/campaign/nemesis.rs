@@ -31,8 +31,8 @@ pub struct Action<'a> {
     /// Two actions of one lane never run at once either, whatever their targets (the clock
     /// steps of Redlock's nodes: one node at a time).
     pub lane: Option<String>,
-    /// How many lock servers it hits at once.
-    pub nodes: usize,
+    /// The lock servers it hits, by index (or those behind the link it hits).
+    pub servers: Vec<usize>,
     /// Injects, waits, heals.
     pub run: Box<Inject<'a>>,
 }
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Action<'_> {
             .field("target", &self.target)
             .field("pid", &self.pid)
             .field("lane", &self.lane)
-            .field("nodes", &self.nodes)
+            .field("servers", &self.servers)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +61,7 @@ impl<'a> Action<'a> {
             target: target.into(),
             pid: None,
             lane: None,
-            nodes: 1,
+            servers: Vec::new(),
             run: Box::new(run),
         }
     }
@@ -143,7 +143,7 @@ pub fn run(actions: &[Action<'_>], schedule: Schedule) -> Vec<Fault> {
                             kind: action.kind,
                             target: action.target.clone(),
                             pid: action.pid,
-                            nodes: action.nodes,
+                            servers: action.servers.clone(),
                             start_ns,
                             end_ns,
                         });

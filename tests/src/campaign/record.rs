@@ -373,8 +373,9 @@ pub struct Fault {
     pub target: String,
     /// For a paused worker, its process id.
     pub pid: Option<u32>,
-    /// How many of the lock servers it hit at once (1 for one server, a link or a worker).
-    pub nodes: usize,
+    /// The lock servers it hit (by index), or those behind the link it hit; none for a worker
+    /// or a topology as a whole.
+    pub servers: Vec<usize>,
     /// When it began...
     pub start_ns: u64,
     /// ...and when it was healed (the server answers again, the failover is complete).
@@ -386,9 +387,11 @@ impl Fault {
     /// token from growing, on a backend whose grants need `quorum` servers: a kind that is a
     /// limit wherever it hits ([`FaultKind::is_documented_limit`]), or a clock step on at least
     /// `quorum` servers (the single node, a majority of Redlock's: its clock assumption). A
-    /// step on a Redlock minority is not: the other nodes of every quorum keep the key.
+    /// step on a Redlock minority is not by itself: the other nodes of a grant keep the key
+    /// (but see `check`: not when the grant reached a bare quorum).
     pub fn is_documented_limit(&self, quorum: usize) -> bool {
-        self.kind.is_documented_limit() || (self.kind.is_clock_step() && self.nodes >= quorum)
+        self.kind.is_documented_limit()
+            || (self.kind.is_clock_step() && self.servers.len() >= quorum)
     }
 }
 
@@ -396,10 +399,14 @@ impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "fault kind={} target={} nodes={} start={} end={} ({} ms)",
+            "fault kind={} target={} servers={} start={} end={} ({} ms)",
             self.kind,
             self.target.replace(' ', "_"),
-            self.nodes,
+            if self.servers.is_empty() {
+                "-".to_owned()
+            } else {
+                list(&self.servers)
+            },
             self.start_ns,
             self.end_ns,
             self.end_ns.saturating_sub(self.start_ns) / 1_000_000

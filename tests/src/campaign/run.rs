@@ -109,6 +109,8 @@ pub struct Summary {
     pub report: Report,
     /// Faults injected, by kind.
     pub faults: BTreeMap<FaultKind, usize>,
+    /// Every fault, in start order.
+    pub fault_log: Vec<record::Fault>,
     /// Accepted and rejected writes, as the register's own counters say.
     pub register: (u64, u64),
     /// Wall time, topology start included.
@@ -127,6 +129,12 @@ impl Summary {
         }
         if self.report.violations.len() > 10 {
             let _ = writeln!(out, "... {} in all", self.report.violations.len());
+        }
+        if !self.report.violations.is_empty() {
+            let _ = writeln!(out, "[{}] the faults:", self.backend);
+            for fault in &self.fault_log {
+                let _ = writeln!(out, "  {fault}");
+            }
         }
         let recorded = |r| self.report.writes.get(&r).copied().unwrap_or(0) as u64;
         let counted = (
@@ -300,6 +308,7 @@ fn campaign(
         healed_ns,
         end_ns: start_ns + nanos(profile.run_for),
         quorum: setup.quorum,
+        clock_step_ns: nanos(3 * profile.ttl),
     };
     let report = check::check(&ops, &writes, &faults, &bounds);
     let mut faults_by_kind = BTreeMap::new();
@@ -310,6 +319,7 @@ fn campaign(
         backend,
         report,
         faults: faults_by_kind,
+        fault_log: faults,
         register: register_counts(&data, prefix),
         took: started.elapsed(),
         seed: profile.seed,
@@ -334,35 +344,50 @@ fn register_counts(data: &RedisServer, prefix: &str) -> (u64, u64) {
     (count(1), count(2))
 }
 
+/// `action`, hitting lock server `i` (or the link to it).
+fn hitting(i: usize, mut action: Action<'_>) -> Action<'_> {
+    action.servers = vec![i];
+    action
+}
+
 /// Latency, blackhole and reset on each proxy.
 fn link_actions<'a>(proxies: &'a [FaultProxy], profile: &Profile) -> Vec<Action<'a>> {
     let mut actions = Vec::new();
     for (i, proxy) in proxies.iter().enumerate() {
         let target = format!("link {i}");
         let p = profile.clone();
-        actions.push(Action::new(FaultKind::Latency, &target, move |rng| {
-            let delay = Duration::from_millis(rng.u64(20..=300));
-            let hold = p.millis(rng, Duration::from_millis(500), Duration::from_secs(3));
-            for_a_while(
-                || proxy.set_delay(delay),
-                hold,
-                || proxy.set_delay(Duration::ZERO),
-            )
-        }));
+        actions.push(hitting(
+            i,
+            Action::new(FaultKind::Latency, &target, move |rng| {
+                let delay = Duration::from_millis(rng.u64(20..=300));
+                let hold = p.millis(rng, Duration::from_millis(500), Duration::from_secs(3));
+                for_a_while(
+                    || proxy.set_delay(delay),
+                    hold,
+                    || proxy.set_delay(Duration::ZERO),
+                )
+            }),
+        ));
         let p = profile.clone();
-        actions.push(Action::new(FaultKind::Blackhole, &target, move |rng| {
-            let hold = p.millis(rng, Duration::from_millis(200), 2 * p.ttl);
-            for_a_while(
-                || proxy.set_blackhole(true),
-                hold,
-                || proxy.set_blackhole(false),
-            )
-        }));
-        actions.push(Action::new(FaultKind::Cut, &target, move |_| {
-            let start = now_ns();
-            proxy.cut_all();
-            Some((start, now_ns()))
-        }));
+        actions.push(hitting(
+            i,
+            Action::new(FaultKind::Blackhole, &target, move |rng| {
+                let hold = p.millis(rng, Duration::from_millis(200), 2 * p.ttl);
+                for_a_while(
+                    || proxy.set_blackhole(true),
+                    hold,
+                    || proxy.set_blackhole(false),
+                )
+            }),
+        ));
+        actions.push(hitting(
+            i,
+            Action::new(FaultKind::Cut, &target, move |_| {
+                let start = now_ns();
+                proxy.cut_all();
+                Some((start, now_ns()))
+            }),
+        ));
     }
     actions
 }
@@ -379,23 +404,33 @@ fn node_actions<'a>(
         let target = format!("node {i}");
         let port = lock(server).port();
         let p = profile.clone();
-        actions.push(Action::new(FaultKind::Freeze, &target, move |rng| {
-            let hold = p.millis(rng, Duration::from_millis(100), 2 * p.ttl);
-            for_a_while(|| lock(server).freeze(), hold, || lock(server).thaw())
-        }));
+        actions.push(hitting(
+            i,
+            Action::new(FaultKind::Freeze, &target, move |rng| {
+                let hold = p.millis(rng, Duration::from_millis(100), 2 * p.ttl);
+                for_a_while(|| lock(server).freeze(), hold, || lock(server).thaw())
+            }),
+        ));
         let p = profile.clone();
         let kind = if down.is_some() {
             FaultKind::Kill
         } else {
             FaultKind::Restart
         };
-        actions.push(Action::new(kind, &target, move |rng| {
-            let hold = down.map_or(Duration::ZERO, |d| d + p.millis(rng, Duration::ZERO, p.ttl));
-            for_a_while(|| lock(server).stop(), hold, || lock(server).restart())
-        }));
-        actions.push(Action::new(FaultKind::ClientKill, &target, move |_| {
-            kill_clients(&[port])
-        }));
+        actions.push(hitting(
+            i,
+            Action::new(kind, &target, move |rng| {
+                let hold =
+                    down.map_or(Duration::ZERO, |d| d + p.millis(rng, Duration::ZERO, p.ttl));
+                for_a_while(|| lock(server).stop(), hold, || lock(server).restart())
+            }),
+        ));
+        actions.push(hitting(
+            i,
+            Action::new(FaultKind::ClientKill, &target, move |_| {
+                kill_clients(&[port])
+            }),
+        ));
     }
     actions
 }
@@ -453,6 +488,7 @@ fn clock_actions<'a>(
                 step_clocks(&[(clock, port)], sign * millis_i64(step), hold)
             });
             action.lane = lane.map(str::to_owned);
+            action.servers = vec![i];
             actions.push(action);
         }
     }
@@ -535,7 +571,7 @@ pub fn redlock_majority_clock(profile: &Profile) -> Summary {
         }
         step_clocks(stepped, millis_i64(ahead), hold)
     });
-    step.nodes = MAJORITY.len();
+    step.servers = MAJORITY.to_vec();
     let urls: Vec<String> = servers.iter().map(|s| lock(s).url()).collect();
     let setup = Setup {
         backend: "redlock-majority-clock",
