@@ -52,7 +52,7 @@ struct Shared {
     conns: Mutex<HashMap<u64, Option<oneshot::Sender<()>>>>,
     next_id: AtomicU64,
     listening: AtomicBool,
-    /// Bytes forwarded from clients to the upstream so far.
+    /// Bytes read from clients so far (counted when read, before a delay or blackhole holds them).
     bytes_up: AtomicU64,
     /// While on, nothing is forwarded from the upstream to clients (held, as by `blackhole`).
     blackhole_down: watch::Sender<bool>,
@@ -125,7 +125,8 @@ impl FaultProxy {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// Bytes forwarded from clients to the upstream so far (requests sent through the proxy).
+    /// Bytes read from clients so far: requests that reached the proxy, counted when read, before
+    /// a delay or blackhole holds them (so not proof that they reached the upstream).
     pub fn bytes_up(&self) -> u64 {
         self.shared.bytes_up.load(Ordering::SeqCst)
     }
