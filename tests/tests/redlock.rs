@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all, history,
-    lock_keys, unique_key, wait_until_async,
+    FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
+    history, lock_keys, unique_key, wait_until_async,
 };
 
 const NODES: usize = 5;
@@ -1089,7 +1089,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
     }
     let calls = |node: &RedisServer| node.command_calls("evalsha");
     let (gate_calls, held_calls) = (calls(&masters.nodes[gate]), calls(&masters.nodes[held]));
-    let deleted = deletions_of(&masters.nodes[slow], &lock_key);
+    let events = KeyEvents::watch(&masters.nodes[slow], &lock_key);
     proxy.set_delay(ms(300));
     let waiting = start_acquire(locks.lock(&key).wait(Duration::from_secs(10)));
     // Attempt 1 asked every node (it is held up on its way to the slow one); attempt 2 asked the
@@ -1116,7 +1116,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
     // The grant needed the slow node (the third is held), so the winning attempt's request ran
     // there; attempt 1's withdrawal deletes the key there once it lands.
     wait_until_async(Duration::from_secs(3), "attempt 1's withdrawal", || {
-        deleted.load(Ordering::SeqCst) > 0
+        events.of(&lock_key).iter().any(|e| e.event == "del")
     })
     .await;
     let value = |node: &RedisServer| -> Option<String> {
@@ -1134,35 +1134,4 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
     );
     let released = guard.release().await;
     assert!(released.is_ok(), "{released:?}");
-}
-
-/// Counts the deletions of `key` on `node` from now on (keyspace notifications, on a thread of
-/// its own; it ends with the node).
-fn deletions_of(node: &RedisServer, key: &str) -> Arc<AtomicUsize> {
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kg")
-        .query(&mut node.admin())
-        .unwrap();
-    let mut conn = node.admin();
-    let channel = format!("__keyspace@0__:{key}");
-    let count = Arc::new(AtomicUsize::new(0));
-    let (subscribed_tx, subscribed) = std::sync::mpsc::channel();
-    let counter = Arc::clone(&count);
-    std::thread::spawn(move || {
-        let mut pubsub = conn.as_pubsub();
-        pubsub.subscribe(&channel).unwrap();
-        subscribed_tx.send(()).unwrap();
-        while let Ok(msg) = pubsub.get_message() {
-            if msg
-                .get_payload::<String>()
-                .is_ok_and(|event| event == "del")
-            {
-                counter.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    });
-    subscribed.recv_timeout(Duration::from_secs(5)).unwrap();
-    count
 }

@@ -10,7 +10,7 @@ use lock_runtime::__private::{KeyKind, redis_key};
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
     CLEANUP_PAUSE, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, key_exists, lock_keys,
-    unique_key, wait_until_async, warm_up,
+    pause_writes, unique_key, wait_until_async, warm_up,
 };
 
 /// One request with the default timeouts: connect 1 s + response 500 ms.
@@ -18,16 +18,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 
 fn client(server: &RedisServer) -> LockClient {
     LockClient::new(LockConfig::single(server.url())).unwrap()
-}
-
-fn pause_writes(server: &RedisServer, pause: Duration) -> Instant {
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(u64::try_from(pause.as_millis()).unwrap())
-        .arg("WRITE")
-        .query(&mut server.admin())
-        .unwrap();
-    Instant::now()
 }
 
 /// Pauses writes for `pause`, then acquires `key`; returns when the pause began, how long the
