@@ -9,26 +9,15 @@
 //! - a release that cannot reach the servers does not undo a body that finished while the lock was
 //!   still valid: the lock expires by its TTL.
 
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::acquire::{Granted, Request};
+use crate::atomic_instant::AtomicInstant;
 use crate::backend::{AtOnce, Backend, Mode, Names, Token};
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
 use crate::signal::Signal;
-
-/// The process-wide origin of the atomic deadlines below.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn to_nanos(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn from_nanos(nanos: u64) -> Instant {
-    *EPOCH + Duration::from_nanos(nanos)
-}
 
 /// One granted lock (one key or several), shared by its guard and the renewal driver.
 #[derive(Debug)]
@@ -46,7 +35,7 @@ pub(crate) struct Hold {
     pub(crate) max_hold: Option<Duration>,
     /// The validity deadline: the lock is ours until then, as far as the last confirmed grant or
     /// renewal shows. Only moves forward.
-    valid_until: AtomicU64,
+    valid_until: AtomicInstant,
     /// Raised when the lock is declared lost.
     lost: Signal,
     /// The key that was lost (index into `names`).
@@ -78,7 +67,7 @@ impl Hold {
             fences: granted.fences,
             acquired_at: granted.at,
             max_hold: req.max_hold,
-            valid_until: AtomicU64::new(to_nanos(granted.valid_until)),
+            valid_until: AtomicInstant::new(granted.valid_until),
             stop: Signal::default(),
             lost: Signal::default(),
             lost_key: AtomicUsize::new(0),
@@ -97,7 +86,7 @@ impl Hold {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        from_nanos(self.valid_until.load(Ordering::Acquire))
+        self.valid_until.load()
     }
 
     /// When the lock was granted.
@@ -113,8 +102,7 @@ impl Hold {
     /// A renewal sent at some instant was confirmed: the lock is valid until `until`. A
     /// confirmed renewal always counts, even when it arrives after a later one.
     pub(crate) fn confirm(&self, until: Instant) {
-        self.valid_until
-            .fetch_max(to_nanos(until), Ordering::AcqRel);
+        self.valid_until.fetch_max(until);
     }
 
     /// Whether the lock is lost: declared so, or past its validity deadline (then declared now).
@@ -373,7 +361,7 @@ mod tests {
         let later = h.valid_until() + Duration::from_secs(5);
         h.confirm(later);
         h.confirm(later - Duration::from_secs(10));
-        assert_eq!(to_nanos(h.valid_until()), to_nanos(later));
+        assert_eq!(h.valid_until(), AtomicInstant::new(later).load());
         assert!(!h.check_lost());
     }
 }

@@ -343,6 +343,7 @@
 //!   Redis. Building needs `protoc` (Debian: `protobuf-compiler`).
 
 mod acquire;
+mod atomic_instant;
 mod backend;
 mod bridge;
 mod client;

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hasher as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -16,6 +16,7 @@ use super::{
     Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
     millis,
 };
+use crate::atomic_instant::AtomicInstant;
 use crate::config::{NodeAddr, Settings};
 use crate::error::{LockError, NodeFailure};
 use crate::wait::{HandOff, WakeRegistry};
@@ -246,8 +247,7 @@ struct Fresh(Box<[FreshSlot]>);
 struct FreshSlot {
     /// The name's hash (never 0, which marks an empty slot).
     hash: AtomicU64,
-    /// Nanoseconds since [`Fresh::origin`].
-    until: AtomicU64,
+    until: AtomicInstant,
 }
 
 impl Fresh {
@@ -255,16 +255,6 @@ impl Fresh {
 
     fn new() -> Self {
         Fresh((0..Self::SLOTS).map(|_| FreshSlot::default()).collect())
-    }
-
-    /// The process-wide origin of the slots' deadlines.
-    fn origin() -> Instant {
-        static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
-        *ORIGIN
-    }
-
-    fn nanos(at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(Self::origin()).as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn slot(&self, name: &str) -> (u64, &FreshSlot) {
@@ -278,18 +268,15 @@ impl Fresh {
     /// Whether the counter of `name` is still known to be close enough to the clock at `now`.
     fn contains(&self, name: &str, now: Instant) -> bool {
         let (hash, slot) = self.slot(name);
-        slot.hash.load(Ordering::Relaxed) == hash
-            && Self::nanos(now) < slot.until.load(Ordering::Relaxed)
+        slot.hash.load(Ordering::Relaxed) == hash && now < slot.until.load()
     }
 
     /// The counter of `name` stays close enough to the clock for `margin` from `now`.
     fn insert(&self, name: &str, now: Instant, margin: Duration) {
         let (hash, slot) = self.slot(name);
         slot.hash.store(hash, Ordering::Relaxed);
-        slot.until.store(
-            Self::nanos(now).saturating_add(u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX)),
-            Ordering::Relaxed,
-        );
+        // A margin past any instant (a counter far ahead of the clock) counts as none.
+        slot.until.store(now.checked_add(margin).unwrap_or(now));
     }
 }
 
