@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
-    history, lock_keys, unique_key, wait_until_async,
+    history, lock_keys, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
@@ -32,6 +32,14 @@ fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
 
 fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(config(urls)).expect("valid redlock config")
+}
+
+/// Every node of `masters` but the one at `index`.
+fn all_but(masters: &RedisMasters, index: usize) -> Vec<&RedisServer> {
+    (0..masters.nodes.len())
+        .filter(|i| *i != index)
+        .map(|i| &masters.nodes[i])
+        .collect()
 }
 
 /// Starts `lock.acquire()` as a task: a waiter.
@@ -951,10 +959,7 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     .unwrap();
     let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(30)));
     let channel = lock_keys(&key).channel;
-    let others: Vec<&RedisServer> = (0..NODES)
-        .filter(|i| *i != gate)
-        .map(|i| &masters.nodes[i])
-        .collect();
+    let others = all_but(&masters, gate);
     wait_until_async(
         Duration::from_secs(10),
         "the waiter subscribed at the other nodes",
@@ -979,10 +984,7 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
     let key = unique_key("redlock:fair-frozen-gate");
     let gate = gate_of(&key, 3);
     let queue = redis_key("lock:", &key, KeyKind::Queue);
-    let others: Vec<&RedisServer> = (0..3)
-        .filter(|i| *i != gate)
-        .map(|i| &masters.nodes[i])
-        .collect();
+    let others = all_but(&masters, gate);
     masters.nodes[gate].freeze();
     let holder = client(masters.urls());
     let guard = holder.lock(&key).fair(true).acquire().await.unwrap();
@@ -1063,15 +1065,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
     )
     .unwrap();
     // Scripts loaded and connections up everywhere.
-    let warm = unique_key("redlock:step-order-warm");
-    locks
-        .lock(&warm)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let warm = warm_up(&locks).await;
     // Its release is the last of its requests on each node.
     wait_until_async(Duration::from_secs(2), "the warm-up released", || {
         holders(&masters.nodes.iter().collect::<Vec<_>>(), &warm) == 0

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{FaultProxy, RedisMasters, RedisServer, bounded, unique_key, wait_until};
+use lock_tests::{FaultProxy, RedisMasters, RedisServer, bounded, unique_key, wait_until, warm_up};
 
 const CONNECT: Duration = Duration::from_millis(100);
 const RESPONSE: Duration = Duration::from_secs(1);
@@ -30,15 +30,7 @@ fn client(config: LockConfig) -> LockClient {
 /// Makes one lock call so that the client's connections are up, then stalls every proxy and
 /// returns their byte counts at the stall.
 async fn connected_then_stalled(locks: &LockClient, proxies: &[&FaultProxy]) -> Vec<u64> {
-    let warm = unique_key("bound:warm");
-    locks
-        .lock(&warm)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm_up(locks).await;
     proxies
         .iter()
         .map(|p| {

@@ -245,8 +245,8 @@ pub async fn await_waiter(server: &RedisServer, name: &str) {
 }
 
 /// Takes and releases a throwaway lock on `locks`, so that its connections are made and its
-/// scripts loaded before a fault is injected.
-pub async fn warm_up(locks: &lock_runtime::LockClient) {
+/// scripts loaded before a fault is injected. Returns the lock's name.
+pub async fn warm_up(locks: &lock_runtime::LockClient) -> String {
     let key = crate::unique_key("warm-up");
     let guard = locks
         .lock(&key)
@@ -257,6 +257,7 @@ pub async fn warm_up(locks: &lock_runtime::LockClient) {
         .release()
         .await
         .unwrap_or_else(|e| panic!("warm-up release: {e}"));
+    key
 }
 
 /// `f()` run on a thread of its own; panics when it takes longer than `limit` (the thread is
