@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests run against when it is missing (redis-server; etcd and,
-# to build the etcd client, protoc; libfaketime), then runs every test of the workspace, the etcd
-# backend's included. The tests start their own servers on 127.0.0.1. Arguments go to `cargo test`.
+# to build the etcd client, protoc; libfaketime; openssl), then runs every test of the workspace,
+# the etcd backend's included. The tests start their own servers on 127.0.0.1. Arguments go to
+# `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,8 @@ command -v "${LOCK_TESTS_ETCD:-etcd}" >/dev/null 2>&1 || missing+=(etcd-server)
 command -v "${PROTOC:-protoc}" >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # libfaketime runs redis-server with a stepped clock in the clock-fault tests.
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+# openssl makes the TLS tests' throw-away CA and certificates.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -37,4 +40,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-cargo test --workspace --features lock-tests/etcd "$@"
+cargo test --workspace --features lock-tests/etcd,lock-cli/etcd "$@"

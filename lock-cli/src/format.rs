@@ -1,6 +1,8 @@
-//! Human output: durations such as `4.2s`, and tables whose columns line up.
+//! Human output: durations such as `4.2s`, owners, and tables whose columns line up.
 
 use std::time::Duration;
+
+use lock_runtime::Owner;
 
 /// `850ms`, `4.2s`, `2m05s`, `1h02m`; `-` for no value (not held, or no expiry).
 pub(crate) fn duration(d: Option<Duration>) -> String {
@@ -54,19 +56,37 @@ pub(crate) fn millis(d: Option<Duration>) -> Option<u64> {
     d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// One node's view of a lock, for JSON.
-pub(crate) fn node_json(
-    node: &str,
-    held: bool,
-    remaining: Option<Duration>,
-    fencing_token: Option<u64>,
-) -> serde_json::Value {
-    serde_json::json!({
-        "node": node,
-        "held": held,
-        "remaining_ms": millis(remaining),
-        "fencing_token": fencing_token,
-    })
+/// One node's view of a lock, in `inspect`'s node table and in the JSON `nodes` lists.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeView<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) held: bool,
+    pub(crate) remaining: Option<Duration>,
+    pub(crate) fencing_token: Option<u64>,
+}
+
+/// The columns of [`NodeView::row`].
+pub(crate) const NODE_HEADER: [&str; 4] = ["NODE", "HELD", "REMAINING", "FENCE"];
+
+impl NodeView<'_> {
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "node": self.node,
+            "held": self.held,
+            "remaining_ms": millis(self.remaining),
+            "fencing_token": self.fencing_token,
+        })
+    }
+
+    /// A table row under [`NODE_HEADER`].
+    pub(crate) fn row(&self) -> Vec<String> {
+        vec![
+            self.node.to_owned(),
+            if self.held { "yes" } else { "no" }.to_owned(),
+            node_cell(self.held, self.remaining),
+            token(self.fencing_token),
+        ]
+    }
 }
 
 /// One node's view of a lock, as a table cell: its remaining time, `held` when the key has no
@@ -77,6 +97,46 @@ pub(crate) fn node_cell(held: bool, remaining: Option<Duration>) -> String {
         (true, None) => "held".to_owned(),
         (true, remaining) => duration(remaining),
     }
+}
+
+/// Who holds a lock, in one line: the owner name, then its process and since when.
+pub(crate) fn owner(o: &Owner) -> String {
+    let since = o.since.map_or_else(
+        || "?".to_owned(),
+        |t| humantime::format_rfc3339_seconds(t).to_string(),
+    );
+    format!(
+        "{} (pid {} on {}, {}, since {since})",
+        o.name, o.pid, o.host, o.program
+    )
+}
+
+/// The owners of a lock as a table cell: the first one's name, and how many more.
+pub(crate) fn owners_cell(owners: &[Owner]) -> String {
+    match owners {
+        [] => "-".to_owned(),
+        [only] => only.name.clone(),
+        [first, rest @ ..] => format!("{} +{}", first.name, rest.len()),
+    }
+}
+
+/// The owners of a lock in JSON (`since_ms`: milliseconds since the Unix epoch).
+pub(crate) fn owners_json(owners: &[Owner]) -> serde_json::Value {
+    owners
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "name": o.name,
+                "host": o.host,
+                "pid": o.pid,
+                "program": o.program,
+                "since_ms": o.since.and_then(|t| {
+                    let ms = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+                    u64::try_from(ms).ok()
+                }),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,30 +1,36 @@
-//! `lockctl list`: SCAN every node for lock keys, then read each one's time to live, fence,
-//! holders and queue (the runtime's own `inspect` script, pipelined).
+//! `lockctl list`: find the held locks and show each one's time to live, fence, holders and
+//! queue. Redis: SCAN every node for lock keys, then the runtime's own `inspect` script,
+//! pipelined. etcd: range reads over the prefix for lock names, then the library's `inspect`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lock_runtime::__private::{KeyKind, inspect_script, lock_name_of, redis_key};
+use lock_runtime::__private::{KeyKind, lock_name_of};
 
 use crate::error::{CliError, Exit};
 use crate::format;
 use crate::glob;
-use crate::target::{Node, Target};
+use lock_runtime::__private::{majority, majority_owners};
+use lock_runtime::Owner;
+
+use crate::holds::{self, NodeHold};
+use crate::target::{Node, Servers, Target};
 
 const SCAN_COUNT: usize = 1000;
-/// Names inspected in one pipeline.
-const BATCH: usize = 500;
 
-/// What one node holds of one lock.
-#[derive(Debug, Clone, Copy)]
-struct NodeHold {
-    remaining: Option<Duration>,
-    fencing_token: Option<u64>,
-    /// Live holders: 1, or the shares of a read lock, or the permits taken.
-    holders: usize,
-    /// Live waiters in a fair lock's queue.
-    queued: usize,
+/// What `list` found.
+#[derive(Debug)]
+struct Listing {
+    /// The nodes' names, in `--url` order (etcd: one, the cluster).
+    nodes: Vec<String>,
+    /// How many nodes must hold a lock for it to be held.
+    quorum: usize,
+    /// A Redis Cluster: each lock lives on one of `nodes`.
+    cluster: bool,
+    locks: Vec<Listed>,
+    /// The nodes that did not answer (at most a minority).
+    unreachable: Vec<String>,
 }
 
 /// One lock seen on at least one node: per node (in `--url` order), `None` where not held.
@@ -54,6 +60,17 @@ impl Listed {
         counts.get(quorum - 1).copied().unwrap_or(0)
     }
 
+    /// Like `inspect`: the owners a majority of the nodes holding it record.
+    fn owners(&self, quorum: usize) -> Vec<Owner> {
+        let per_node: Vec<Vec<Owner>> = self
+            .holds
+            .iter()
+            .flatten()
+            .map(|h| h.owners.clone())
+            .collect();
+        majority_owners(&per_node, quorum)
+    }
+
     fn fencing_token(&self) -> Option<u64> {
         self.holds
             .iter()
@@ -64,16 +81,34 @@ impl Listed {
 }
 
 pub(crate) async fn run(target: &Target, pattern: &str, json: bool) -> Result<Exit, CliError> {
-    let answers = join_all(
-        target
-            .nodes
-            .iter()
-            .map(|node| scan(node, &target.prefix, pattern)),
-    )
-    .await;
+    let listing = match &target.servers {
+        Servers::Redis { nodes, cluster } => on_redis(target, nodes, *cluster, pattern).await?,
+        #[cfg(feature = "etcd")]
+        Servers::Etcd(etcd) => on_etcd(target, etcd, pattern).await?,
+    };
+    for why in &listing.unreachable {
+        eprintln!("lockctl: warning: {}", target.error(why));
+    }
+    if json {
+        print_json(target, &listing);
+    } else if listing.locks.is_empty() {
+        eprintln!("no held locks match `{pattern}`");
+    } else {
+        print_table(&listing);
+    }
+    Ok(Exit::Ok)
+}
+
+async fn on_redis(
+    target: &Target,
+    nodes: &[Node],
+    cluster: bool,
+    pattern: &str,
+) -> Result<Listing, CliError> {
+    let answers = join_all(nodes.iter().map(|node| scan(node, &target.prefix, pattern))).await;
     let mut locks: BTreeMap<String, Listed> = BTreeMap::new();
     let mut unreachable = Vec::new();
-    let count = target.nodes.len();
+    let count = nodes.len();
     for (i, answer) in answers.into_iter().enumerate() {
         match answer {
             Ok(found) => {
@@ -88,21 +123,18 @@ pub(crate) async fn run(target: &Target, pattern: &str, json: bool) -> Result<Ex
             Err(why) => unreachable.push(why),
         }
     }
-    if unreachable.len() > count - target.quorum() {
+    // A cluster's lock lives on one master: one answer is enough for it.
+    let quorum = if cluster { 1 } else { majority(count) };
+    if unreachable.len() > count - quorum {
         return Err(target.error(unreachable.join("; ")));
     }
-    for why in &unreachable {
-        eprintln!("lockctl: warning: {}", target.error(why));
-    }
-    let locks: Vec<Listed> = locks.into_values().collect();
-    if json {
-        print_json(target, &locks, &unreachable);
-    } else if locks.is_empty() {
-        eprintln!("no held locks match `{pattern}`");
-    } else {
-        print_table(target, &locks);
-    }
-    Ok(Exit::Ok)
+    Ok(Listing {
+        nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+        quorum,
+        cluster,
+        locks: locks.into_values().collect(),
+        unreachable,
+    })
 }
 
 /// The locks of one node whose names match `pattern`.
@@ -136,50 +168,86 @@ async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, N
     // SCAN may return a key twice.
     names.sort();
     names.dedup();
-    let script = inspect_script();
-    script.load_async(&mut conn).await.map_err(failed)?;
-    let mut found = Vec::with_capacity(names.len());
-    for batch in names.chunks(BATCH) {
-        let mut pipe = redis::pipe();
-        for name in batch {
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(3)
-                .arg(redis_key(prefix, name, KeyKind::Lock))
-                .arg(redis_key(prefix, name, KeyKind::Fence))
-                .arg(redis_key(prefix, name, KeyKind::QueueLeases));
-        }
-        let replies: Vec<Vec<i64>> = pipe.query_async(&mut conn).await.map_err(failed)?;
-        for (name, reply) in batch.iter().zip(replies) {
-            // [-2]: the lock expired or was released since SCAN saw it.
-            let [pttl, fence, holders, queued] = reply[..] else {
-                continue;
-            };
-            let hold = NodeHold {
-                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-                fencing_token: u64::try_from(fence).ok(),
-                holders: usize::try_from(holders).unwrap_or(0),
-                queued: usize::try_from(queued).unwrap_or(0),
-            };
-            found.push((name.clone(), hold));
-        }
-    }
-    Ok(found)
+    let holds = holds::read(node, prefix, &names).await?;
+    // A lock that expired or was released since SCAN saw it is not held.
+    Ok(names
+        .into_iter()
+        .zip(holds)
+        .filter_map(|(name, hold)| Some((name, hold?)))
+        .collect())
 }
 
-fn print_table(target: &Target, locks: &[Listed]) {
-    let quorum = target.quorum();
-    if target.cluster {
-        let header = ["KEY", "MASTER", "REMAINING", "FENCE", "HOLDERS", "QUEUED"];
-        let rows: Vec<Vec<String>> = locks
+/// Inspections of etcd at once: each is a read and a lease lookup per holder.
+#[cfg(feature = "etcd")]
+const INSPECTIONS_IN_FLIGHT: usize = 16;
+
+#[cfg(feature = "etcd")]
+async fn on_etcd(
+    target: &Target,
+    etcd: &crate::etcd::Etcd,
+    pattern: &str,
+) -> Result<Listing, CliError> {
+    use futures_util::StreamExt as _;
+
+    let names = etcd
+        .names(&target.prefix)
+        .await
+        .map_err(|e| target.error(e))?;
+    let client = target.client()?;
+    let infos: Vec<_> =
+        futures_util::stream::iter(names.iter().filter(|n| glob::matches(pattern, n)))
+            .map(|name| client.inspect(name))
+            .buffered(INSPECTIONS_IN_FLIGHT)
+            .collect()
+            .await;
+    let mut locks = Vec::new();
+    for info in infos {
+        // `None`: released or expired since the range read.
+        if let Some(info) = info.map_err(|e| target.error(e))? {
+            let hold = NodeHold {
+                remaining: info.remaining,
+                fencing_token: info.fencing_token,
+                holders: info.holders,
+                queued: info.queued,
+                owners: info.owners,
+            };
+            locks.push(Listed {
+                name: info.key,
+                holds: vec![Some(hold)],
+            });
+        }
+    }
+    Ok(Listing {
+        nodes: vec![etcd.name.clone()],
+        quorum: 1,
+        cluster: false,
+        locks,
+        unreachable: Vec::new(),
+    })
+}
+
+fn print_table(listing: &Listing) {
+    let quorum = listing.quorum;
+    if listing.cluster {
+        let header = [
+            "KEY",
+            "MASTER",
+            "REMAINING",
+            "FENCE",
+            "HOLDERS",
+            "QUEUED",
+            "OWNER",
+        ];
+        let rows: Vec<Vec<String>> = listing
+            .locks
             .iter()
             .map(|lock| {
-                let master = target
+                let master = listing
                     .nodes
                     .iter()
                     .zip(&lock.holds)
                     .filter(|(_, hold)| hold.is_some())
-                    .map(|(node, _)| node.name.as_str())
+                    .map(|(node, _)| node.as_str())
                     .collect::<Vec<_>>()
                     .join(",");
                 vec![
@@ -189,62 +257,58 @@ fn print_table(target: &Target, locks: &[Listed]) {
                     format::token(lock.fencing_token()),
                     lock.count(quorum, |h| h.holders).to_string(),
                     lock.count(quorum, |h| h.queued).to_string(),
+                    format::owners_cell(&lock.owners(quorum)),
                 ]
             })
             .collect();
         print!("{}", format::table(&header, &rows));
         return;
     }
-    let redlock = target.nodes.len() > 1;
+    let redlock = listing.nodes.len() > 1;
     let mut header = vec!["KEY"];
     if redlock {
         header.push("NODES");
     }
-    header.extend(["REMAINING", "FENCE", "HOLDERS", "QUEUED"]);
+    header.extend(["REMAINING", "FENCE", "HOLDERS", "QUEUED", "OWNER"]);
     if redlock {
-        header.extend(target.nodes.iter().map(|n| n.name.as_str()));
+        header.extend(listing.nodes.iter().map(String::as_str));
     }
-    let rows: Vec<Vec<String>> = locks
-        .iter()
-        .map(|lock| {
-            let mut row = vec![lock.name.clone()];
-            if redlock {
-                row.push(format!("{}/{}", lock.holding(), target.nodes.len()));
-            }
-            row.push(format::duration(lock.remaining(quorum)));
-            row.push(format::token(lock.fencing_token()));
-            row.push(lock.count(quorum, |h| h.holders).to_string());
-            row.push(lock.count(quorum, |h| h.queued).to_string());
-            if redlock {
-                row.extend(
-                    lock.holds
-                        .iter()
-                        .map(|h| format::node_cell(h.is_some(), h.and_then(|h| h.remaining))),
-                );
-            }
-            row
-        })
-        .collect();
+    let rows: Vec<Vec<String>> =
+        listing
+            .locks
+            .iter()
+            .map(|lock| {
+                let mut row = vec![lock.name.clone()];
+                if redlock {
+                    row.push(format!("{}/{}", lock.holding(), listing.nodes.len()));
+                }
+                row.push(format::duration(lock.remaining(quorum)));
+                row.push(format::token(lock.fencing_token()));
+                row.push(lock.count(quorum, |h| h.holders).to_string());
+                row.push(lock.count(quorum, |h| h.queued).to_string());
+                row.push(format::owners_cell(&lock.owners(quorum)));
+                if redlock {
+                    row.extend(lock.holds.iter().map(|h| {
+                        format::node_cell(h.is_some(), h.as_ref().and_then(|h| h.remaining))
+                    }));
+                }
+                row
+            })
+            .collect();
     print!("{}", format::table(&header, &rows));
 }
 
-fn print_json(target: &Target, locks: &[Listed], unreachable: &[String]) {
-    let quorum = target.quorum();
-    let locks: Vec<serde_json::Value> = locks
+fn print_json(target: &Target, listing: &Listing) {
+    let quorum = listing.quorum;
+    let locks: Vec<serde_json::Value> = listing
+        .locks
         .iter()
         .map(|lock| {
-            let nodes: Vec<serde_json::Value> = target
+            let nodes: Vec<serde_json::Value> = listing
                 .nodes
                 .iter()
                 .zip(&lock.holds)
-                .map(|(node, hold)| {
-                    format::node_json(
-                        &node.name,
-                        hold.is_some(),
-                        hold.and_then(|h| h.remaining),
-                        hold.and_then(|h| h.fencing_token),
-                    )
-                })
+                .map(|(node, hold)| holds::view(node, hold.as_ref()).json())
                 .collect();
             serde_json::json!({
                 "key": lock.name,
@@ -254,11 +318,13 @@ fn print_json(target: &Target, locks: &[Listed], unreachable: &[String]) {
                 "fencing_token": lock.fencing_token(),
                 "holders": lock.count(quorum, |h| h.holders),
                 "queued": lock.count(quorum, |h| h.queued),
+                "owners": format::owners_json(&lock.owners(quorum)),
                 "nodes": nodes,
             })
         })
         .collect();
-    let unreachable: Vec<String> = unreachable
+    let unreachable: Vec<String> = listing
+        .unreachable
         .iter()
         .map(|u| target.error(u).to_string())
         .collect();

@@ -1,9 +1,12 @@
-//! `lockctl`: see and operate the locks of `lock-runtime` in Redis (DESIGN §6).
+//! `lockctl`: see and operate the locks of `lock-runtime` in Redis or etcd.
 
 mod cli;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod format;
 mod glob;
+mod holds;
 mod inspect;
 mod list;
 mod release;

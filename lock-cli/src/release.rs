@@ -27,11 +27,11 @@ pub(crate) async fn run(
             )));
         }
         match client.inspect(key).await.map_err(|e| target.error(e))? {
-            Some(info) => eprint!(
-                "{}",
-                describe(&info, target.nodes.len() > 1 && !target.cluster)
-            ),
-            None => eprintln!("lock `{key}` is not held by a majority of the nodes"),
+            Some(info) => eprint!("{}", describe(&info, target.redlock().is_some())),
+            None if target.redlock().is_some() => {
+                eprintln!("lock `{key}` is not held by a majority of the nodes");
+            }
+            None => eprintln!("lock `{key}` is not held"),
         }
         if !confirm(key)? {
             return Err(CliError::new(format!("release of `{key}` cancelled")));

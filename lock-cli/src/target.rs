@@ -1,9 +1,10 @@
-//! Which servers to talk to: the URLs from `--url` or `LOCK_REDIS_URL`, the library client built
-//! from them, and direct connections for the commands the library has no call for (list, watch).
+//! Which servers to talk to: Redis URLs from `--url` or `LOCK_REDIS_URL`, or etcd endpoints
+//! from `--etcd` or `LOCK_ETCD_ENDPOINTS`; the library client built from them, and direct
+//! connections for the commands the library has no call for (list, watch).
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockConfig};
+use lock_runtime::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_URL, LockClient, LockConfig, LockError};
 use redis::aio::{MultiplexedConnection, PubSub};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo as _,
@@ -12,22 +13,28 @@ use redis::{
 use crate::cli::Global;
 use crate::error::CliError;
 
-const ENV_URL: &str = "LOCK_REDIS_URL";
-const ENV_MODE: &str = "LOCK_REDIS_MODE";
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The servers and prefix of one invocation.
 #[derive(Debug)]
 pub(crate) struct Target {
     pub(crate) prefix: String,
-    /// The servers: one, the Redlock masters, or a cluster's masters.
-    pub(crate) nodes: Vec<Node>,
-    /// A Redis Cluster: each lock lives on one of `nodes`.
-    pub(crate) cluster: bool,
+    pub(crate) servers: Servers,
     config: LockConfig,
-    /// Every password found in the URLs, to scrub from error messages we did not write.
+    /// Every password found in the URLs or endpoints, to scrub from error messages we did not
+    /// write.
     secrets: Vec<String>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Servers {
+    /// One node, the Redlock masters, or a cluster's masters (`cluster`: each lock lives on one
+    /// of them).
+    Redis { nodes: Vec<Node>, cluster: bool },
+    /// An etcd cluster: one linearizable store, whatever its members.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::Etcd),
 }
 
 /// One Redis node: its `host:port` label (never with credentials) and a client for it.
@@ -37,48 +44,48 @@ pub(crate) struct Node {
     client: Client,
 }
 
+/// The servers the arguments or the environment name, and `from` where (for errors).
+enum Chosen {
+    Redis {
+        urls: Vec<String>,
+        from: &'static str,
+    },
+    Etcd {
+        endpoints: Vec<String>,
+        from: &'static str,
+    },
+}
+
 impl Target {
-    /// Reads the URLs (the flag, else the environment variable) and checks them the way the
-    /// library does: one URL is a single node, several are Redlock masters.
+    /// Reads the servers: `--url` or `--etcd` (clap refuses both), else `LOCK_REDIS_URL` or
+    /// `LOCK_ETCD_ENDPOINTS` (refused when both are set). Checks them the way the library does:
+    /// one Redis URL is a single node, several are Redlock masters (or cluster seeds).
     pub(crate) fn from_args(global: &Global) -> Result<Target, CliError> {
-        let urls: Vec<String> = if global.urls.is_empty() {
-            std::env::var(ENV_URL)
-                .unwrap_or_default()
-                .split(',')
-                .map(str::to_owned)
-                .collect()
-        } else {
-            global.urls.clone()
-        };
-        let urls: Vec<String> = urls
-            .iter()
-            .map(|u| u.trim())
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
+        match choose(global)? {
+            Chosen::Redis { urls, from } => Target::redis(global, urls, from),
+            Chosen::Etcd { endpoints, from } => Target::etcd(global, endpoints, from),
+        }
+    }
+
+    fn redis(global: &Global, urls: Vec<String>, from: &'static str) -> Result<Target, CliError> {
         let secrets: Vec<String> = urls.iter().filter_map(|u| password_of(u)).collect();
         let scrub = |text: String| scrub_with(&secrets, text);
         let cluster =
             global.cluster || std::env::var(ENV_MODE).is_ok_and(|m| m.trim() == "cluster");
         let config = match urls.as_slice() {
-            [] => {
-                return Err(CliError::new(format!(
-                    "no redis url: pass --url or set {ENV_URL}"
-                )));
-            }
             seeds if cluster => LockConfig::cluster(seeds.iter().map(String::as_str)),
             [one] => LockConfig::single(one.as_str()),
             many => LockConfig::redlock(many.iter().map(String::as_str)),
         }
         .key_prefix(global.prefix.as_str());
         // Validates every URL (the library's messages never show a password).
-        LockClient::new(config.clone()).map_err(|e| CliError::new(scrub(e.to_string())))?;
+        LockClient::new(config.clone()).map_err(|e| CliError::new(scrub(invalid(from, e))))?;
         let mut infos = Vec::with_capacity(urls.len());
         for url in &urls {
             infos.push(
                 url.as_str()
                     .into_connection_info()
-                    .map_err(|e| CliError::new(scrub(format!("invalid redis url: {e}"))))?,
+                    .map_err(|e| CliError::new(scrub(format!("invalid {from}: {e}"))))?,
             );
         }
         if cluster {
@@ -93,11 +100,37 @@ impl Target {
         }
         Ok(Target {
             prefix: global.prefix.clone(),
-            nodes,
-            cluster,
+            servers: Servers::Redis { nodes, cluster },
             config,
             secrets,
         })
+    }
+
+    #[cfg(feature = "etcd")]
+    fn etcd(
+        global: &Global,
+        endpoints: Vec<String>,
+        from: &'static str,
+    ) -> Result<Target, CliError> {
+        let secrets: Vec<String> = endpoints.iter().filter_map(|e| password_of(e)).collect();
+        let config = LockConfig::etcd(endpoints.iter().map(String::as_str))
+            .key_prefix(global.prefix.as_str());
+        // Validates every endpoint (the library's messages never show a password).
+        LockClient::new(config.clone())
+            .map_err(|e| CliError::new(scrub_with(&secrets, invalid(from, e))))?;
+        Ok(Target {
+            prefix: global.prefix.clone(),
+            servers: Servers::Etcd(crate::etcd::Etcd::new(&endpoints)),
+            config,
+            secrets,
+        })
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    fn etcd(_: &Global, _: Vec<String>, from: &'static str) -> Result<Target, CliError> {
+        Err(CliError::new(format!(
+            "{from}: this lockctl was built without etcd support: build it with `--features etcd`"
+        )))
     }
 
     /// A library client on these servers.
@@ -105,19 +138,86 @@ impl Target {
         LockClient::new(self.config.clone()).map_err(|e| self.error(e))
     }
 
-    /// An error whose text cannot show a password from the URLs.
+    /// An error whose text cannot show a password from the URLs or endpoints.
     pub(crate) fn error(&self, err: impl std::fmt::Display) -> CliError {
         CliError::new(scrub_with(&self.secrets, err.to_string()))
     }
 
-    /// How many nodes must agree for a lock to be held (1 on a single node and on a cluster,
-    /// where each lock lives on one master).
-    pub(crate) fn quorum(&self) -> usize {
-        if self.cluster {
-            1
-        } else {
-            self.nodes.len() / 2 + 1
+    /// The Redlock masters, when there are several independent Redis nodes (not a cluster).
+    pub(crate) fn redlock(&self) -> Option<&[Node]> {
+        match &self.servers {
+            Servers::Redis {
+                nodes,
+                cluster: false,
+            } if nodes.len() > 1 => Some(nodes),
+            _ => None,
         }
+    }
+}
+
+/// The servers the flags name, else those the environment names.
+fn choose(global: &Global) -> Result<Chosen, CliError> {
+    let flag = |values: &[String], name: &'static str| -> Result<Option<Vec<String>>, CliError> {
+        if values.is_empty() {
+            return Ok(None);
+        }
+        let list = clean(values.iter().map(String::as_str));
+        if list.is_empty() {
+            return Err(CliError::new(format!("{name} names no server")));
+        }
+        Ok(Some(list))
+    };
+    if let Some(urls) = flag(&global.urls, "--url")? {
+        return Ok(Chosen::Redis {
+            urls,
+            from: "--url",
+        });
+    }
+    if let Some(endpoints) = flag(&global.etcd, "--etcd")? {
+        return Ok(Chosen::Etcd {
+            endpoints,
+            from: "--etcd",
+        });
+    }
+    let env = |name: &str| clean(std::env::var(name).unwrap_or_default().split(','));
+    match (env(ENV_URL), env(ENV_ETCD_ENDPOINTS)) {
+        (urls, endpoints) if !urls.is_empty() && !endpoints.is_empty() => {
+            Err(CliError::new(format!(
+                "{ENV_URL} and {ENV_ETCD_ENDPOINTS} are both set: pass --url or --etcd to choose"
+            )))
+        }
+        (urls, _) if !urls.is_empty() => Ok(Chosen::Redis {
+            urls,
+            from: ENV_URL,
+        }),
+        (_, endpoints) if !endpoints.is_empty() => Ok(Chosen::Etcd {
+            endpoints,
+            from: ENV_ETCD_ENDPOINTS,
+        }),
+        _ => Err(CliError::new(format!(
+            "no servers: pass --url (Redis) or --etcd (etcd), or set {ENV_URL} or {ENV_ETCD_ENDPOINTS}"
+        ))),
+    }
+}
+
+/// The non-empty, trimmed items.
+fn clean<'a>(items: impl Iterator<Item = &'a str>) -> Vec<String> {
+    items
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The library's verdict on the servers, naming the flag or variable they came from.
+fn invalid(from: &str, err: LockError) -> String {
+    match err {
+        LockError::Config {
+            field: "key_prefix",
+            reason,
+        } => format!("invalid --prefix: {reason}"),
+        LockError::Config { reason, .. } => format!("invalid {from}: {reason}"),
+        other => other.to_string(),
     }
 }
 
@@ -184,9 +284,9 @@ fn cluster_masters(seeds: &[ConnectionInfo]) -> Result<Vec<ConnectionInfo>, Stri
     Err(format!("no cluster seed answered: {}", errors.join("; ")))
 }
 
-/// The password in a URL's user info, raw and percent-decoded.
+/// The password in a URL's or an endpoint's user info (the scheme is optional).
 fn password_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split('/').next()?;
     let (userinfo, _) = authority.rsplit_once('@')?;
     let (_, password) = userinfo.split_once(':')?;
@@ -238,5 +338,7 @@ mod tests {
         assert_eq!(text, "auth failed for *** (***)");
         assert_eq!(password_of("redis://127.0.0.1:1/"), None);
         assert_eq!(password_of("redis://user@127.0.0.1:1/"), None);
+        assert_eq!(password_of("root:pw@127.0.0.1:1").as_deref(), Some("pw"));
+        assert_eq!(password_of("127.0.0.1:1"), None);
     }
 }

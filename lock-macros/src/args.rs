@@ -1,7 +1,7 @@
 //! The attribute's arguments: `key = "..."` or `keys = ["...", ..]`, `ttl = "..."`, `wait = "..."`,
-//! `max_hold = "..."`, `reentrant = bool`, `fair = bool`, `shared = bool`, `permits = N`,
+//! `max_hold = "..."`, `min_hold = "..."`, `reentrant = bool`, `fair = bool`, `shared = bool`, `permits = N`,
 //! `guard = NAME`, `crate = "path"`. Each is checked on its own here, then against each other
-//! (`key` against `keys`, the lock kinds); checks against the function live in `validate`.
+//! (`key` against `keys`, the lock kinds, `min_hold` against `max_hold` and the kinds); checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
 use crate::errors::Errors;
@@ -11,8 +11,8 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Path, Result};
 
-const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `reentrant`, `fair`, `shared`, \
-                     `permits`, `guard` and `crate`";
+const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `min_hold`, `reentrant`, `fair`, \
+                     `shared`, `permits`, `guard` and `crate`";
 
 const KEYS_EXAMPLE: &str = "keys = [\"wallet:<from>\", \"wallet:<to>\"]";
 
@@ -25,6 +25,7 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
     /// `None` when not given: the default, reentrant.
     pub(crate) reentrant: Option<bool>,
     /// `fair = true`: waiters served in arrival order.
@@ -81,6 +82,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
     let mut ttl = Arg::new("ttl");
     let mut wait = Arg::new("wait");
     let mut max_hold = Arg::new("max_hold");
+    let mut min_hold = Arg::new("min_hold");
     let mut reentrant = Arg::new("reentrant");
     let mut fair = Arg::new("fair");
     let mut shared = Arg::new("shared");
@@ -109,6 +111,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
             Some("ttl") => ttl.set_once(&meta, |input| duration(input, Kind::Ttl)),
             Some("wait") => wait.set_once(&meta, |input| duration(input, Kind::Wait)),
             Some("max_hold") => max_hold.set_once(&meta, |input| duration(input, Kind::MaxHold)),
+            Some("min_hold") => min_hold.set_once(&meta, |input| {
+                let span = input.span();
+                duration(input, Kind::MinHold).map(|d| (d, span))
+            }),
             Some("reentrant") => reentrant.set_once(&meta, |input| boolean(input, "reentrant")),
             Some("fair") => fair.set_once(&meta, |input| spanned_boolean(input, "fair")),
             Some("shared") => shared.set_once(&meta, |input| spanned_boolean(input, "shared")),
@@ -176,6 +182,12 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         permits.value,
         errors,
     );
+    let kind = permits
+        .value
+        .map(|_| "permits")
+        .or(shared.value.filter(|s| s.0).map(|_| "shared"))
+        .or(fair.value.filter(|f| f.0).map(|_| "fair"));
+    check_min_hold(min_hold.value, max_hold.value, kind, errors);
     Args {
         fair: fair.value.is_some_and(|f| f.0),
         shared: shared.value.is_some_and(|s| s.0),
@@ -184,6 +196,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         ttl: ttl.value,
         wait: wait.value,
         max_hold: max_hold.value,
+        min_hold: min_hold.value.map(|(d, _)| d),
         reentrant: reentrant.value,
         guard: guard.value,
         krate: krate.value,
@@ -283,17 +296,50 @@ fn check_kinds(
         .map(|(_, at)| ("permits", at))
         .or(shared.map(|(_, at)| ("shared", at)))
         .or(fair.map(|(_, at)| ("fair", at)));
-    if let (Some(keys), Some((name, at))) = (keys, kind) {
-        if keys.len() > 1 {
-            errors.push(syn::Error::new(
-                at,
-                format_args!(
-                    "`{name}` locks take one key, but `keys` lists {}; lock one key with \
+    if let (Some(keys), Some((name, at))) = (keys, kind)
+        && keys.len() > 1
+    {
+        errors.push(syn::Error::new(
+            at,
+            format_args!(
+                "`{name}` locks take one key, but `keys` lists {}; lock one key with \
                      `key = \"..\"`",
-                    keys.len()
-                ),
-            ));
-        }
+                keys.len()
+            ),
+        ));
+    }
+}
+
+/// `min_hold` against `max_hold` (it must fit in it) and the lock's kind (`kind`: `fair`,
+/// `shared` or `permits` when one of them is asked for): it keeps an exclusive lock. A zero
+/// `min_hold` asks for nothing, so it clashes with nothing.
+fn check_min_hold(
+    min_hold: Option<(Duration, Span)>,
+    max_hold: Option<Duration>,
+    kind: Option<&str>,
+    errors: &mut Errors,
+) {
+    let Some((min_hold, at)) = min_hold.filter(|(d, _)| !d.is_zero()) else {
+        return;
+    };
+    if let Some(max_hold) = max_hold.filter(|max| *max < min_hold) {
+        errors.push(syn::Error::new(
+            at,
+            format_args!(
+                "`min_hold` ({}) is longer than `max_hold` ({}): no call may hold the lock that \
+                 long; shorten `min_hold` or lengthen `max_hold`",
+                humantime::format_duration(min_hold),
+                humantime::format_duration(max_hold)
+            ),
+        ));
+    }
+    if let Some(kind) = kind {
+        errors.push(syn::Error::new(
+            at,
+            format_args!(
+                "`min_hold` applies to exclusive locks; it cannot be combined with `{kind}`"
+            ),
+        ));
     }
 }
 
@@ -476,13 +522,43 @@ mod tests {
     }
 
     #[test]
+    fn min_hold_fits_in_max_hold_and_keeps_exclusive_locks() {
+        let (parsed, errors) = args(quote!(key = "k", min_hold = "30s", max_hold = "1m"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(parsed.min_hold, Some(Duration::from_secs(30)));
+        let (_, errors) = args(quote!(key = "k", max_hold = "10s", min_hold = "30s"));
+        assert_eq!(
+            errors,
+            [
+                "`min_hold` (30s) is longer than `max_hold` (10s): no call may hold the lock that \
+                 long; shorten `min_hold` or lengthen `max_hold`"
+            ]
+        );
+        let (_, errors) = args(quote!(key = "k", min_hold = "1s", fair = true));
+        assert_eq!(
+            errors,
+            ["`min_hold` applies to exclusive locks; it cannot be combined with `fair`"]
+        );
+        // Zero asks for nothing, and clashes with nothing.
+        let (parsed, errors) = args(quote!(
+            key = "k",
+            min_hold = "0s",
+            max_hold = "1s",
+            shared = true
+        ));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(parsed.min_hold, Some(Duration::ZERO));
+    }
+
+    #[test]
     fn unknown_argument_lists_the_new_ones() {
         let (_, errors) = args(quote!(key = "k", timeout = "1s"));
         assert_eq!(
             errors,
             [
                 "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
-              `max_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard` and `crate`"
+              `max_hold`, `min_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard` and \
+              `crate`"
             ]
         );
     }

@@ -7,8 +7,8 @@ use proc_macro2::TokenStream;
 use quote::{ToTokens as _, quote};
 use syn::parse::Parser as _;
 use syn::{
-    Block, Expr, ExprAsync, ExprCall, GenericArgument, Pat, PathArguments, ReturnType, Signature,
-    Stmt, Type, TypeParamBound,
+    Block, Expr, ExprAsync, ExprCall, GenericArgument, Ident, Local, Pat, PathArguments,
+    ReturnType, Signature, Stmt, Type, TypeParamBound,
 };
 
 /// A body ending in `Box::pin(async move { STMTS })`.
@@ -25,8 +25,21 @@ pub(crate) struct Boxed {
     /// parameters into the block this way. A parameter used only by the key is then an unused
     /// rebinding, so `expand` reads each key parameter after these.
     pub(crate) rebinds: TokenStream,
+    /// The pattern parameters, which `#[async_trait]` renames `__argN` in the signature and
+    /// destructures among the rebindings. `expand` runs these before the keys are rendered, since
+    /// a key may name what they bind.
+    pub(crate) destructured: Vec<Destructured>,
     /// The rest of the async block's statements: the body that runs under the lock.
     pub(crate) stmts: TokenStream,
+}
+
+/// `let PAT = { let __argN = __argN; __argN };`
+#[derive(Debug)]
+pub(crate) struct Destructured {
+    /// `__argN`: the parameter's name in the signature.
+    pub(crate) arg: Ident,
+    /// The statement, whose pattern is the parameter's as the user wrote it.
+    pub(crate) local: Local,
 }
 
 /// `R` when a sync fn returns `Pin<Box<dyn Future<Output = R> ..>>` (by any path to `Pin`, `Box`
@@ -86,11 +99,26 @@ pub(crate) fn split(sig: &Signature, body: &TokenStream) -> syn::Result<Boxed> {
         Ok((pin, mut future)) => {
             let mut inner = std::mem::take(&mut future.block.stmts);
             let rest = inner.split_off(rebinds_end(&inner));
+            let mut rebinds = Vec::new();
+            let mut destructured = Vec::new();
+            for stmt in inner {
+                let arg = match &stmt {
+                    Stmt::Local(local) => destructured_arg(local).cloned(),
+                    _ => None,
+                };
+                match (arg, stmt) {
+                    (Some(arg), Stmt::Local(local)) => {
+                        destructured.push(Destructured { arg, local });
+                    }
+                    (_, stmt) => rebinds.push(stmt),
+                }
+            }
             Ok(Boxed {
                 prefix: stmts,
                 pin,
                 future,
-                rebinds: quote!(#(#inner)*),
+                rebinds: quote!(#(#rebinds)*),
+                destructured,
                 stmts: quote!(#(#rest)*),
             })
         }
@@ -122,25 +150,45 @@ fn rebinds_end(stmts: &[Stmt]) -> usize {
     if rebinds == 0 { 0 } else { start + rebinds }
 }
 
-/// `let [mut] x = x;` or `let [mut] __self = self;`
+/// A rebinding or a destructuring of a parameter, see [`Boxed`].
 fn is_rebind(stmt: &Stmt) -> bool {
     let Stmt::Local(local) = stmt else {
         return false;
     };
+    rebound(local).is_some() || destructured_arg(local).is_some()
+}
+
+/// `__argN` of `let PAT = { let __argN = __argN; __argN };`
+fn destructured_arg(local: &Local) -> Option<&Ident> {
+    let init = local.init.as_ref().filter(|init| init.diverge.is_none())?;
+    let Expr::Block(block) = &*init.expr else {
+        return None;
+    };
+    let [Stmt::Local(rebind), Stmt::Expr(Expr::Path(value), None)] = block.block.stmts.as_slice()
+    else {
+        return None;
+    };
+    let arg = rebound(rebind)?;
+    (value.qself.is_none() && value.path.get_ident() == Some(arg)).then_some(arg)
+}
+
+/// `x` of `let [mut] x = x;` or `__self` of `let [mut] __self = self;`
+fn rebound(local: &Local) -> Option<&Ident> {
     let (Pat::Ident(pat), Some(init)) = (&local.pat, &local.init) else {
-        return false;
+        return None;
     };
     let Expr::Path(value) = &*init.expr else {
-        return false;
+        return None;
     };
-    init.diverge.is_none()
+    let rebinds = init.diverge.is_none()
         && pat.subpat.is_none()
         && pat.by_ref.is_none()
         && value.qself.is_none()
         && value
             .path
             .get_ident()
-            .is_some_and(|value| *value == pat.ident || (pat.ident == "__self" && value == "self"))
+            .is_some_and(|value| *value == pat.ident || (pat.ident == "__self" && value == "self"));
+    rebinds.then_some(&pat.ident)
 }
 
 /// `Box::pin`, `std::boxed::Box::pin`, ...

@@ -1,4 +1,4 @@
-//! `ttl = "10s"`, `wait = "1m 30s"`, `max_hold = "2m"`: durations in humantime syntax, checked while compiling so a typo
+//! `ttl = "10s"`, `wait = "1m 30s"`, `max_hold = "2m"`, `min_hold = "30s"`: durations in humantime syntax, checked while compiling so a typo
 //! never reaches production.
 
 use std::time::Duration;
@@ -13,6 +13,8 @@ pub(crate) enum Kind {
     Wait,
     /// The most a call may hold the lock, renewal included; any positive value.
     MaxHold,
+    /// The least time the lock is kept after its grant. Zero asks for nothing.
+    MinHold,
 }
 
 impl Kind {
@@ -22,6 +24,7 @@ impl Kind {
             Kind::Ttl => "ttl",
             Kind::Wait => "wait",
             Kind::MaxHold => "max_hold",
+            Kind::MinHold => "min_hold",
         }
     }
 
@@ -31,6 +34,7 @@ impl Kind {
             Kind::Ttl => "\"10s\"",
             Kind::Wait => "\"5s\"",
             Kind::MaxHold => "\"2m\"",
+            Kind::MinHold => "\"30s\"",
         }
     }
 }
@@ -59,7 +63,7 @@ pub(crate) fn parse(text: &str, kind: Kind) -> Result<Duration, String> {
                 hint()
             ));
         }
-        Kind::MaxHold | Kind::Wait => {}
+        Kind::MaxHold | Kind::Wait | Kind::MinHold => {}
     }
     Ok(duration)
 }
@@ -142,6 +146,14 @@ mod tests {
         );
         let err = error("2 minutes please", Kind::MaxHold);
         assert!(err.starts_with("invalid `max_hold` duration"), "{err}");
+    }
+
+    #[test]
+    fn min_hold_may_be_zero() {
+        assert_eq!(parse("30s", Kind::MinHold), Ok(Duration::from_secs(30)));
+        assert_eq!(parse("0s", Kind::MinHold), Ok(Duration::ZERO));
+        let err = error("30 secs later", Kind::MinHold);
+        assert!(err.starts_with("invalid `min_hold` duration"), "{err}");
     }
 
     #[test]

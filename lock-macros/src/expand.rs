@@ -18,7 +18,8 @@ use syn::{Expr, Member, ReturnType, Stmt, Type, TypeInfer};
 /// generics and `impl Trait` arguments work as written.
 ///
 /// An `#[async_trait]` method, `fn f(ARGS) -> Pin<Box<dyn Future<Output = R> ..>>`, keeps its
-/// shape too: `{ #![INNER] PREFIX Box::pin(async move { <locked body, async, with R> }) }`.
+/// shape too: `{ #![INNER] PREFIX Box::pin(async move { <locked body, async, with R> }) }`, where
+/// the locked body starts with the destructuring of its pattern parameters (`let PAT = ..;`).
 pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
     let Locked {
         attrs,
@@ -45,7 +46,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// ```text
 /// let __lock_call = P::Call {
 ///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
-///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, reentrant: true,
+///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, min_hold: MIN_HOLD, reentrant: true,
 ///     fair: false, shared: false, permits: None,    // the lock's kind
 ///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
@@ -77,6 +78,7 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let ttl = duration(locked.ttl, private);
     let wait = duration(locked.wait, private);
     let max_hold = duration(locked.max_hold, private);
+    let min_hold = duration(locked.min_hold, private);
     let reentrant = syn::LitBool::new(locked.reentrant, site);
     let fair = syn::LitBool::new(locked.fair, site);
     let shared = syn::LitBool::new(locked.shared, site);
@@ -93,14 +95,18 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let bind_guard = bind_guard(locked);
     let fake_return = fake_return_edge(locked);
     let touch_mutable = touch_mutable(locked);
-    let stmts = match &locked.boxed {
+    let (destructured, stmts) = match &locked.boxed {
         Some(boxed) => {
+            let destructured = boxed.destructured.iter().map(|param| &param.local);
             let rebinds = &boxed.rebinds;
             let touch_key = touch_key_params(&locked.keys);
             let stmts = &boxed.stmts;
-            quote!(#rebinds #touch_key #stmts)
+            (
+                quote!(#(#destructured)*),
+                quote!(#rebinds #touch_key #stmts),
+            )
         }
-        None => locked.body.stmts.clone(),
+        None => (TokenStream::new(), locked.body.stmts.clone()),
     };
     let body = quote_spanned!(site=> {
         #touch_mutable
@@ -128,11 +134,13 @@ fn locked_body(locked: &Locked) -> TokenStream {
         )
     };
     quote_spanned! {site=>
+        #destructured
         let #call = #private::Call {
             keys: ::std::vec![#(#keys),*],
             ttl: #ttl,
             wait: #wait,
             max_hold: #max_hold,
+            min_hold: #min_hold,
             reentrant: #reentrant,
             fair: #fair,
             shared: #shared,
@@ -386,6 +394,7 @@ mod tests {
                 keys = ["w:<to>", "w:<from>"],
                 wait = "5s",
                 max_hold = "2m",
+                min_hold = "1m",
                 reentrant = false
             ),
             quote!(
@@ -401,6 +410,7 @@ mod tests {
                 "ttl:::core::option::Option::None,\
                  wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
                  max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
+                 min_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(60,0)),\
                  reentrant:false,fair:false,shared:false,permits:::core::option::Option::None,\
                  name:\"w:<to>,w:<from>\",}"
             ),
@@ -419,6 +429,60 @@ mod tests {
         assert!(to.is_some() && to < out.find("=&from;"), "{out}");
     }
 
+    /// What `#[async_trait]` makes of
+    /// `async fn f(&self, Path((user, amount)): Path<(u64, i64)>) -> Result<i64, E>`.
+    fn async_trait_method() -> TokenStream {
+        quote!(
+            fn f<'life0, 'async_trait>(
+                &'life0 self,
+                __arg1: Path<(u64, i64)>,
+            ) -> ::core::pin::Pin<
+                Box<dyn ::core::future::Future<Output = Result<i64, E>> + Send + 'async_trait>,
+            > {
+                Box::pin(async move {
+                    if let ::core::option::Option::Some(__ret) =
+                        ::core::option::Option::None::<Result<i64, E>>
+                    {
+                        return __ret;
+                    }
+                    let __self = self;
+                    let Path((user, amount)) = {
+                        let __arg1 = __arg1;
+                        __arg1
+                    };
+                    let __ret: Result<i64, E> = { Ok(amount) };
+                    __ret
+                })
+            }
+        )
+    }
+
+    #[test]
+    fn async_trait_pattern_parameters_are_destructured_before_the_keys() {
+        let out = expand(quote!(key = "w:<user>"), async_trait_method());
+        let destructured = out.find("letPath((user,amount))={let__arg1=__arg1;__arg1};");
+        assert!(
+            destructured.is_some() && destructured < out.find("let__lock_call="),
+            "{out}"
+        );
+        // The other rebindings stay in the body, after the lock is taken.
+        assert!(
+            out.find("let__self=self;") > out.find("until_lost("),
+            "{out}"
+        );
+
+        let err = validate(quote!(key = "w:<usr>"), async_trait_method())
+            .err()
+            .map(|err| err.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "unknown name `usr` in key placeholder `<usr>` (the only parameter is `self`; the \
+                 names bound by parameter patterns are `user`, `amount`)"
+            )
+        );
+    }
+
     #[test]
     fn sync_bodies_run_in_the_guards_scope() {
         let out = expand(
@@ -432,7 +496,9 @@ mod tests {
         assert!(out.contains("keys:::std::vec![{"), "{out}");
         assert!(out.contains("reentrant:true,"), "{out}");
         assert!(
-            out.contains("max_hold:::core::option::Option::None,"),
+            out.contains(
+                "max_hold:::core::option::Option::None,min_hold:::core::option::Option::None,"
+            ),
             "{out}"
         );
         assert!(

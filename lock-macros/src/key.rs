@@ -5,8 +5,9 @@
 //! - Everything else is literal text, including `{` and `}` (Redis Cluster hash tags: `{wallet}:<id>`).
 //! - `<<` and `>>` write a literal `<` and `>`. A lone `>` is an error rather than text: it is almost
 //!   always a forgotten `<` (`"wallet:user_id>"`), and a silently wrong key is a silently broken lock.
-//! - Only parameters bound to a plain name (`id: u64`, `mut id: u64`) can be used; the names bound
-//!   inside a pattern parameter (`(a, b): (u8, u8)`) cannot.
+//! - `<name>` may also be a name bound inside a parameter's pattern, as `#[instrument]` records them:
+//!   `Path((user, amount)): Path<(u64, i64)>` binds `user` and `amount`, `Point { x, y: why }` binds
+//!   `x` and `why`. What `..` or `_` leaves unbound is not a name, so it is not found.
 //!
 //! Parsing needs the function's parameters ([`Scope`]) so that every message can list them.
 
@@ -21,7 +22,8 @@ use syn::parse::Parser as _;
 pub(crate) struct Scope {
     /// Parameters bound to a plain name, in declaration order.
     pub(crate) params: Vec<Ident>,
-    /// Names bound inside pattern parameters, which templates can't use.
+    /// Names bound inside pattern parameters (`user` of `Path((user, amount))`), in declaration
+    /// order. Templates use them as they use parameters; messages list them apart.
     pub(crate) pattern_bindings: Vec<Ident>,
     /// Whether the function is a method with a `self` receiver.
     pub(crate) receiver: bool,
@@ -39,7 +41,7 @@ pub(crate) enum Part {
 #[derive(Debug)]
 pub(crate) enum Root {
     SelfValue,
-    /// The parameter's own identifier, as declared.
+    /// A parameter, or a name bound by a parameter's pattern: its identifier as declared.
     Param(Ident),
 }
 
@@ -165,23 +167,21 @@ fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
         Root::SelfValue
     } else {
         let wanted = root_ident.unraw();
-        let found = scope.params.iter().find(|param| param.unraw() == wanted);
+        let found = scope
+            .params
+            .iter()
+            .chain(&scope.pattern_bindings)
+            .find(|param| param.unraw() == wanted);
         match found {
             Some(param) => Root::Param(param.clone()),
-            None if scope
-                .pattern_bindings
-                .iter()
-                .any(|bound| bound.unraw() == wanted) =>
-            {
-                return Err(format!(
-                    "`{wanted}` in key placeholder `{written}` is bound inside a pattern \
-                     parameter, which keys can't use; bind that parameter to a name instead \
-                     (`pair: (u8, u8)`) and write a field path (`<pair.0>`)"
-                ));
-            }
             None => {
+                let what = if scope.pattern_bindings.is_empty() {
+                    "parameter"
+                } else {
+                    "name"
+                };
                 return Err(format!(
-                    "unknown parameter `{wanted}` in key placeholder `{written}` ({})",
+                    "unknown {what} `{wanted}` in key placeholder `{written}` ({})",
                     describe_scope(scope),
                 ));
             }
@@ -190,29 +190,47 @@ fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
     Ok(Part::Value { root, fields })
 }
 
-/// "the parameters are `self`, `user_id`, `amount`", for the end of every message.
+/// "the parameters are `self`, `user_id`, `amount`", then "the names bound by parameter patterns
+/// are `user`, `amount`" when there are any, for the end of every message.
 fn describe_scope(scope: &Scope) -> String {
-    let names: Vec<String> = scope
+    let quoted = |idents: &[Ident]| -> Vec<String> {
+        idents
+            .iter()
+            .map(|ident| format!("`{}`", ident.unraw()))
+            .collect()
+    };
+    let params: Vec<String> = scope
         .receiver
         .then(|| "`self`".to_owned())
         .into_iter()
-        .chain(
-            scope
-                .params
-                .iter()
-                .map(|param| format!("`{}`", param.unraw())),
-        )
+        .chain(quoted(&scope.params))
         .collect();
-    match names.as_slice() {
-        [] => "this function has no parameters a key can use".to_owned(),
-        [one] => format!("the only parameter is {one}"),
-        _ => format!("the parameters are {}", names.join(", ")),
+    let params = listed(&params, "the only parameter is", "the parameters are");
+    let bound = listed(
+        &quoted(&scope.pattern_bindings),
+        "the only name bound by a parameter pattern is",
+        "the names bound by parameter patterns are",
+    );
+    match (params, bound) {
+        (None, None) => "this function has no parameters a key can use".to_owned(),
+        (Some(one), None) | (None, Some(one)) => one,
+        (Some(params), Some(bound)) => format!("{params}; {bound}"),
     }
 }
 
-/// A name from `scope` to show in examples: the first parameter, else `self`.
+/// "{one} `a`" or "{many} `a`, `b`"; `None` without names.
+fn listed(names: &[String], one: &str, many: &str) -> Option<String> {
+    match names {
+        [] => None,
+        [name] => Some(format!("{one} {name}")),
+        _ => Some(format!("{many} {}", names.join(", "))),
+    }
+}
+
+/// A name from `scope` to show in examples: the first parameter, else the first pattern-bound
+/// name, else `self`.
 fn example_name(scope: &Scope) -> String {
-    match scope.params.first() {
+    match scope.params.first().or(scope.pattern_bindings.first()) {
         Some(param) => param.unraw().to_string(),
         None if scope.receiver => "self".to_owned(),
         None => "user_id".to_owned(),
@@ -224,16 +242,25 @@ mod tests {
     use super::{Error, Part, Root, Scope, parse};
     use proc_macro2::{Ident, Span};
 
-    fn scope(params: &[&str], receiver: bool) -> Scope {
-        let ident = |name: &str| match name.strip_prefix("r#") {
+    fn ident(name: &str) -> Ident {
+        match name.strip_prefix("r#") {
             Some(raw) => Ident::new_raw(raw, Span::call_site()),
             None => Ident::new(name, Span::call_site()),
-        };
+        }
+    }
+
+    fn scope(params: &[&str], receiver: bool) -> Scope {
         Scope {
             params: params.iter().map(|name| ident(name)).collect(),
-            pattern_bindings: vec![ident("a"), ident("b")],
+            pattern_bindings: Vec::new(),
             receiver,
         }
+    }
+
+    /// `scope` plus names bound inside pattern parameters.
+    fn with_patterns(mut scope: Scope, bound: &[&str]) -> Scope {
+        scope.pattern_bindings = bound.iter().map(|name| ident(name)).collect();
+        scope
     }
 
     /// Renders parts back to a canonical form: text as-is, values as `{root.field}`.
@@ -341,11 +368,33 @@ mod tests {
     }
 
     #[test]
-    fn pattern_bindings_are_rejected_with_a_hint() {
-        let err = error("<a>", &scope(&["x"], false));
-        assert!(
-            err.message
-                .starts_with("`a` in key placeholder `<a>` is bound inside a pattern")
+    fn pattern_bindings_are_names_too() {
+        let s = with_patterns(scope(&["id"], true), &["app", "user", "r#ref"]);
+        assert_eq!(
+            render("w:<app.tenant>:<user>:<ref>:<id>:<self.0>", &s),
+            "[w:]{app.tenant}[:]{user}[:]{r#ref}[:]{id}[:]{self.0}"
+        );
+        let err = error("w:<amount>", &s);
+        assert_eq!(err.range, 2..10);
+        assert_eq!(
+            err.message,
+            "unknown name `amount` in key placeholder `<amount>` (the parameters are `self`, \
+             `id`; the names bound by parameter patterns are `app`, `user`, `ref`)"
+        );
+    }
+
+    #[test]
+    fn pattern_bindings_alone() {
+        let s = with_patterns(scope(&[], false), &["user"]);
+        assert_eq!(
+            error("<>", &s).message,
+            "empty placeholder `<>` in the key; write a parameter name inside, like `<user>` (the \
+             only name bound by a parameter pattern is `user`)"
+        );
+        assert_eq!(
+            error("<y>", &s).message,
+            "unknown name `y` in key placeholder `<y>` (the only name bound by a parameter \
+             pattern is `user`)"
         );
     }
 

@@ -11,8 +11,8 @@ use std::ops::Range;
 use std::time::Duration;
 use syn::parse::{Parse, ParseStream};
 use syn::{
-    Attribute, FnArg, Ident, LitStr, Pat, PatIdent, ReturnType, Signature, Token, Type, Visibility,
-    braced, token,
+    Attribute, FnArg, Ident, LitStr, Pat, PatIdent, Receiver, ReturnType, Signature, Token, Type,
+    Visibility, braced, token,
 };
 
 /// A function with its body kept as tokens: the body is the user's code, and it only has to be
@@ -86,6 +86,7 @@ pub(crate) struct Locked {
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) reentrant: bool,
     pub(crate) fair: bool,
     pub(crate) shared: bool,
@@ -114,6 +115,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         ttl,
         wait,
         max_hold,
+        min_hold,
         reentrant,
         fair,
         shared,
@@ -142,8 +144,9 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         None => (sig.output.clone(), None),
     };
     check_signature(&sig, &output, body.is_some(), &mut errors);
-    let scope = scope(&sig);
-    let mutable = mutable_bindings(&sig);
+    let params = params(&sig, boxed.as_ref());
+    let scope = scope(&params);
+    let mutable = mutable_bindings(&params);
     let keys = keys.and_then(|lits| {
         // Every template is parsed, so each reports its own mistakes.
         let keys: Vec<Option<Key>> = lits
@@ -164,17 +167,18 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         keys.into_iter().collect::<Option<Vec<Key>>>()
     });
     let shadowed = guard.as_ref().and_then(|guard| {
-        scope
-            .params
-            .iter()
-            .find(|param| *param == guard)
-            .map(|param| (guard, param))
+        let param = scope.params.iter().find(|param| *param == guard);
+        let bound = scope.pattern_bindings.iter().find(|bound| *bound == guard);
+        param
+            .map(|param| ("parameter", param))
+            .or(bound.map(|bound| ("pattern binding", bound)))
+            .map(|(what, name)| (guard, what, name))
     });
-    if let Some((guard, param)) = shadowed {
+    if let Some((guard, what, name)) = shadowed {
         errors.push(syn::Error::new(
             guard.span(),
             format_args!(
-                "`guard = {guard}` would hide the parameter `{param}` inside the body; pick \
+                "`guard = {guard}` would hide the {what} `{name}` inside the body; pick \
                  another name, like `guard = lock`"
             ),
         ));
@@ -196,6 +200,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             ttl,
             wait,
             max_hold,
+            min_hold,
             reentrant: reentrant.unwrap_or(true),
             fair,
             shared,
@@ -258,39 +263,67 @@ fn check_signature(sig: &Signature, output: &ReturnType, has_body: bool, errors:
     }
 }
 
-/// The names a key template may use, from the signature.
-fn scope(sig: &Signature) -> Scope {
+/// A parameter as the body binds it.
+enum Param<'a> {
+    Receiver(&'a Receiver),
+    Pat(&'a Pat),
+}
+
+/// The signature's parameters, except that an `#[async_trait]` method's `__argN` is the pattern
+/// it stands for (see [`Boxed::destructured`]).
+fn params<'a>(sig: &'a Signature, boxed: Option<&'a Boxed>) -> Vec<Param<'a>> {
+    let destructured = boxed.map_or(&[][..], |boxed| &boxed.destructured);
+    sig.inputs
+        .iter()
+        .map(|input| match input {
+            FnArg::Receiver(receiver) => Param::Receiver(receiver),
+            FnArg::Typed(typed) => {
+                let pat = match &*typed.pat {
+                    Pat::Ident(arg) => destructured
+                        .iter()
+                        .find(|param| param.arg == arg.ident)
+                        .map(|param| &param.local.pat),
+                    _ => None,
+                };
+                Param::Pat(pat.unwrap_or(&typed.pat))
+            }
+        })
+        .collect()
+}
+
+/// The names a key template may use: each parameter's name, and every name its pattern binds
+/// (`State(app)` binds `app`, `all @ (a, b)` is the parameter `all` and binds `a` and `b`).
+fn scope(params: &[Param<'_>]) -> Scope {
     let mut scope = Scope::default();
-    for input in &sig.inputs {
-        match input {
-            FnArg::Receiver(_) => scope.receiver = true,
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => scope.params.push(pat.ident.clone()),
-                pat => {
-                    let mut bound = Vec::new();
-                    bindings(pat, &mut bound);
-                    scope
-                        .pattern_bindings
-                        .extend(bound.into_iter().map(|pat| pat.ident.clone()));
+    for param in params {
+        match param {
+            Param::Receiver(_) => scope.receiver = true,
+            Param::Pat(pat) => {
+                let mut bound = Vec::new();
+                bindings(pat, &mut bound);
+                let mut bound = bound.into_iter().map(|pat| pat.ident.clone());
+                if let Pat::Ident(_) = pat {
+                    scope.params.extend(bound.next());
                 }
-            },
+                scope.pattern_bindings.extend(bound);
+            }
         }
     }
     scope
 }
 
 /// The parameters bound with `mut` (`mut x`, `mut self`, `(mut a, b)`), see [`Locked::mutable`].
-fn mutable_bindings(sig: &Signature) -> Vec<Ident> {
+fn mutable_bindings(params: &[Param<'_>]) -> Vec<Ident> {
     let mut bound = Vec::new();
     let mut mutable = Vec::new();
-    for input in &sig.inputs {
-        match input {
-            FnArg::Receiver(receiver) => {
+    for param in params {
+        match param {
+            Param::Receiver(receiver) => {
                 if receiver.mutability.is_some() {
                     mutable.push(Ident::new("self", receiver.self_token.span));
                 }
             }
-            FnArg::Typed(typed) => bindings(&typed.pat, &mut bound),
+            Param::Pat(pat) => bindings(pat, &mut bound),
         }
     }
     mutable.extend(

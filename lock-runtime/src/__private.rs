@@ -11,10 +11,48 @@ pub use crate::backend::{KeyKind, lock_name_of};
 pub use crate::backend::{redis_key, redis_keys};
 
 /// The script behind `inspect` on a Redis node, for `lockctl list` (which pipelines it). KEYS:
-/// lock, fence, queue leases (see [`redis_key`]). Replies `[-2]` when the lock is not held, else
-/// `[pttl, fence (-1: none), live holders, live queued waiters]`.
+/// lock, fence, queue leases (see [`redis_key`]). Its reply is read by [`decode_inspect`].
 pub fn inspect_script() -> &'static redis::Script {
     &crate::backend::scripts::INSPECT
+}
+
+/// What one Redis node holds of a lock, from [`inspect_script`]'s reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHold {
+    /// The key's time to live (`None`: no expiry).
+    pub remaining: Option<Duration>,
+    /// The node's fence counter for the key.
+    pub fencing_token: Option<u64>,
+    /// Live holders: 1, or the shares of a read lock, or the permits taken.
+    pub holders: usize,
+    /// Live waiters in a fair lock's queue.
+    pub queued: usize,
+    /// The live holders' owner records.
+    pub owners: Vec<crate::Owner>,
+}
+
+/// Reads [`inspect_script`]'s reply: `Some(None)` when the node does not hold the lock, `None`
+/// when the reply is not the script's.
+pub fn decode_inspect(reply: &[redis::Value]) -> Option<Option<NodeHold>> {
+    let view = crate::backend::decode_inspect(reply)?;
+    Some(view.map(|v| NodeHold {
+        remaining: v.remaining,
+        fencing_token: v.fence,
+        holders: v.holders,
+        queued: v.queued,
+        owners: v.owners,
+    }))
+}
+
+/// How many of `nodes` nodes are a majority, as Redlock and `inspect` count them.
+pub fn majority(nodes: usize) -> usize {
+    crate::backend::Quorum::majority(nodes)
+}
+
+/// The owners a majority of nodes record, as `inspect` counts them (see `LockInfo::owners`):
+/// `per_node` holds the records of each node that holds the lock.
+pub fn majority_owners(per_node: &[Vec<crate::Owner>], quorum: usize) -> Vec<crate::Owner> {
+    crate::info::majority_owners(per_node, quorum)
 }
 
 use crate::Lock;
@@ -60,6 +98,7 @@ pub struct Call {
     pub ttl: Option<Duration>,
     pub wait: Option<Duration>,
     pub max_hold: Option<Duration>,
+    pub min_hold: Option<Duration>,
     pub reentrant: bool,
     pub fair: bool,
     pub shared: bool,
@@ -85,6 +124,9 @@ fn lock(call: Call) -> Lock {
     }
     if let Some(max_hold) = call.max_hold {
         lock = lock.max_hold(max_hold);
+    }
+    if let Some(min_hold) = call.min_hold {
+        lock = lock.min_hold(min_hold);
     }
     lock
 }

@@ -14,6 +14,7 @@ use crate::backend::{Ask, AtOnce, Attempt, Backend, BoxFuture, Mode, Names, Subs
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
+use crate::owner::Identity;
 use crate::signal::Signal;
 use crate::wait::{Backoff, HandOff, WakeHandle, WakeRegistry};
 
@@ -30,6 +31,8 @@ pub(crate) struct Request {
     pub(crate) fencing: bool,
     pub(crate) mode: Mode,
     pub(crate) max_hold: Option<Duration>,
+    /// How long after the grant the keys stay at least (none when zero).
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) labels: Labels,
     /// The acquisition's `distributed_lock` span: acquire, body and release run in it.
     pub(crate) span: tracing::Span,
@@ -82,6 +85,8 @@ pub(crate) struct NotifyOrBackoff<'a> {
     backoff: Backoff,
     /// Pauses after "free any moment" answers.
     soon: Soon,
+    /// Pauses after release wake-ups that other contenders won.
+    herd: Herd,
     watch: Option<Watching>,
 }
 
@@ -117,11 +122,54 @@ impl Soon {
     }
 }
 
+/// The pause between a release's wake-up and the next attempt. Every release wakes every waiter
+/// of the key, and the releaser itself often asks again at once: waiters that all ask at once
+/// cost the server an attempt each per release and the lock a round trip per hand-off. So a
+/// waiter answers its first wake-up at once (a lone waiter's hand-off costs nothing more), and
+/// each wake-up after one it lost doubles a window, from [`Herd::FIRST`] up to [`Herd::CAP`],
+/// in which it waits a random time: woken waiters spread out, and the lock mostly stays with
+/// whoever asks first, at the rate of a release and a grant. A waiter that has waited for
+/// [`Herd::STARVING`] answers every wake-up at once again (as Go's `sync.Mutex` hands the lock
+/// to a waiter that waited past a threshold), which keeps its wait bounded.
+#[derive(Debug)]
+struct Herd {
+    window: Duration,
+    /// Whether the last pause ended by a release's wake-up (so the attempt after it lost).
+    woken: bool,
+    /// When the first pause began.
+    since: Option<Instant>,
+}
+
+impl Herd {
+    const FIRST: Duration = Duration::from_micros(500);
+    const CAP: Duration = Duration::from_millis(4);
+    const STARVING: Duration = Duration::from_millis(10);
+
+    fn new() -> Self {
+        Herd {
+            window: Duration::ZERO,
+            woken: false,
+            since: None,
+        }
+    }
+
+    /// How long to wait after the next release's wake-up, for a pause that begins at `now`.
+    fn next_delay(&mut self, now: Instant) -> Duration {
+        let since = *self.since.get_or_insert(now);
+        if std::mem::take(&mut self.woken) {
+            self.window = (self.window * 2).clamp(Self::FIRST, Self::CAP);
+        }
+        if now.saturating_duration_since(since) >= Self::STARVING {
+            return Duration::ZERO;
+        }
+        self.window.mul_f64(fastrand::f64())
+    }
+}
+
 struct Watching {
     /// One per key.
     wakes: Vec<WakeHandle>,
-    /// Confirmations still to come: the key's index, whether it is of the first subscriptions
-    /// (not of the ones that replaced them), and the outcome.
+    /// Confirmations still to come.
     pending: FuturesUnordered<BoxFuture<'static, Confirmation>>,
     /// Per key, how many more confirmations make its release impossible to miss.
     needed: Vec<usize>,
@@ -129,9 +177,16 @@ struct Watching {
     subscriptions: Vec<Option<Box<dyn Send + Sync>>>,
 }
 
-/// One subscription's confirmation: its key's index, whether it is of the first subscriptions
-/// for that key, and whether the node confirmed it.
-type Confirmation = (usize, bool, bool);
+/// One subscription's confirmation.
+struct Confirmation {
+    /// Its key's index.
+    index: usize,
+    /// Whether it is of the first subscriptions for that key (not of the ones that replaced
+    /// them).
+    first: bool,
+    /// Whether the node confirmed it.
+    ok: bool,
+}
 
 impl Watching {
     fn start(backend: &Backend, wakers: &Arc<WakeRegistry>, names: &Names) -> Self {
@@ -159,8 +214,13 @@ impl Watching {
             keep: undo,
         } in subscriptions
         {
-            let tagged: BoxFuture<'static, Confirmation> =
-                Box::pin(async move { (index, first, confirmed.await) });
+            let tagged: BoxFuture<'static, Confirmation> = Box::pin(async move {
+                Confirmation {
+                    index,
+                    first,
+                    ok: confirmed.await,
+                }
+            });
             self.pending.push(tagged);
             self.subscriptions.push(undo);
         }
@@ -173,7 +233,7 @@ impl Watching {
         &mut self,
         backend: &Backend,
         names: &Names,
-        (index, first, ok): Confirmation,
+        Confirmation { index, first, ok }: Confirmation,
     ) -> bool {
         if ok {
             if self.needed[index] == 0 {
@@ -202,6 +262,7 @@ impl<'a> NotifyOrBackoff<'a> {
             names,
             backoff: Backoff::new(settings),
             soon: Soon::new(settings),
+            herd: Herd::new(),
             watch: None,
         }
     }
@@ -230,7 +291,10 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                 .next_delay()
                 .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)))
         };
-        let wake_at = cap(Instant::now(), nap, until);
+        let now = Instant::now();
+        let wake_at = cap(now, nap, until);
+        let after_wake = self.herd.next_delay(now);
+        let herd = &mut self.herd;
         let (backend, wakers, names) = (self.backend, self.wakers, self.names);
         let w = self
             .watch
@@ -247,7 +311,18 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                     () = &mut sleep => return None,
                     (told, _, _) = futures_util::future::select_all(
                         w.wakes.iter_mut().map(|h| Box::pin(h.released())),
-                    ) => return told,
+                    ) => {
+                        // A hand-off names its waiter: nobody races it.
+                        if told.is_none() {
+                            herd.woken = true;
+                            if !after_wake.is_zero() {
+                                // Never past the pause's own end (itself within `until`).
+                                let at = cap(Instant::now(), after_wake, Some(wake_at));
+                                tokio::time::sleep_until(at.into()).await;
+                            }
+                        }
+                        return told;
+                    }
                     Some(confirmation) = w.pending.next(), if confirming => confirmation,
                 };
                 if w.confirmed(backend, names, confirmation) {
@@ -276,12 +351,13 @@ fn cap(now: Instant, d: Duration, until: Option<Instant>) -> Instant {
 pub(crate) async fn acquire(
     backend: &Backend,
     settings: &Settings,
+    identity: &Identity,
     req: &Request,
     strategy: &mut dyn WaitStrategy,
     caller_gone: &Signal,
 ) -> Ended {
-    let token = Token::new();
     let started = Instant::now();
+    let token = Token::new(identity, started);
     let mut attempts = 0u32;
     let mut backoff = Backoff::new(settings);
     // Set once an attempt's outcome is unknown (timeout, broken connection): the lock may be
@@ -292,9 +368,11 @@ pub(crate) async fn acquire(
     // lives until that place's lease ends, one ttl after it.
     let mut queued_at = None;
     // Whether a release's message may stand for the grant: it is one node's word, unreplicated.
-    // Under Redlock a majority must grant it, and with `min_replicas` replicas must acknowledge
-    // it, so those ask again (the attempt finds the lock theirs).
-    let take_word = matches!(backend, Backend::One(_)) && settings.min_replicas.is_none();
+    // Under Redlock a majority must grant it, with `min_replicas` replicas must acknowledge it,
+    // and on Sentinel or Cluster the node that sent it may have been deposed since (see
+    // `Node::hand_off_is_a_grant`), so those ask again (the attempt finds the lock theirs).
+    let take_word = matches!(backend, Backend::One(node) if node.hand_off_is_a_grant())
+        && settings.min_replicas.is_none();
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
     // The promise: an acquire answers within its wait plus one request timeout, whatever the
     // servers do.
@@ -434,9 +512,10 @@ pub(crate) async fn acquire(
 pub(crate) fn acquire_at_once(
     node: &dyn AtOnce,
     settings: &Settings,
+    identity: &Identity,
     req: &Request,
 ) -> Option<Granted> {
-    let token = Token::new();
+    let token = Token::new(identity, req.asked_at);
     // The request was made a moment ago: its clock read stands for the attempt's start (earlier
     // than the real one, so the validity is conservative) and for when the grant was seen.
     let now = req.asked_at;
@@ -512,6 +591,30 @@ fn unavailable(name: &str, causes: Vec<NodeFailure>) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn woken_waiters_answer_at_once_then_spread_out_until_they_starve() {
+        let start = Instant::now();
+        let mut herd = Herd::new();
+        assert_eq!(herd.next_delay(start), Duration::ZERO, "a first wake-up");
+        // Each wake-up the waiter lost doubles its window, up to the cap.
+        let windows = [500, 1000, 2000, 4000, 4000];
+        for (i, window) in windows.into_iter().enumerate() {
+            herd.woken = true;
+            let delay = herd.next_delay(start + Duration::from_millis(1));
+            assert_eq!(herd.window, Duration::from_micros(window), "window {i}");
+            assert!(delay <= herd.window, "{i}: {delay:?}");
+        }
+        // Not woken (its pause ran out): the window stays.
+        assert!(herd.next_delay(start + Duration::from_millis(2)) <= Herd::CAP);
+        assert_eq!(herd.window, Herd::CAP);
+        herd.woken = true;
+        assert_eq!(
+            herd.next_delay(start + Herd::STARVING),
+            Duration::ZERO,
+            "a starving waiter answers at once"
+        );
+    }
 
     #[test]
     fn soon_pauses_start_short_double_and_stop_at_the_retry_delay() {

@@ -26,10 +26,10 @@ use crate::signal::Signal;
 /// code.
 ///
 /// One worker: its work is connection IO and timers, never CPU-bound, and a second worker only
-/// adds wake-ups (tokio wakes an idle sibling to look for work on every hand-over). Measured with
-/// bench section 1, 3 alternated runs: one worker cuts the client's CPU per pair at 1 task from
-/// 126–135 µs to 89–97 µs and its context switches from 10.2 to 8.0, and raises pairs/s by about
-/// 12% at 1 and at 16 tasks. A multi-thread runtime still, so `block_in_place` works on it.
+/// adds wake-ups (tokio wakes an idle sibling to look for work on every hand-over), and each
+/// wake-up costs client CPU and a context switch for no work (the bench's first section measures
+/// it; the figures are in the README's table). A multi-thread runtime still, so `block_in_place`
+/// works on it.
 static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use crate::bridge;
 use crate::config::LockConfig;
+use crate::election::Election;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::info::LockInfo;
@@ -47,6 +48,11 @@ impl LockClient {
         I::Item: Into<String>,
     {
         Lock::many(keys).on(Arc::clone(&self.engine))
+    }
+
+    /// The election `name` through this client (instead of the global one): see [`Election`].
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(name).on(Arc::clone(&self.engine))
     }
 
     /// What the servers say of the lock `key` (see [`inspect`](crate::inspect)).

@@ -11,13 +11,12 @@ use tokio::runtime::Handle;
 use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
-use crate::backend::{
-    Backend, ClusterNode, MemoryNode, Mode, Names, Node, Quorum, RedisNode, SentinelNode, Token,
-};
-use crate::config::{LockConfig, Settings, ValidBackend};
+use crate::backend::{Backend, BackendKind, Mode, Names, Token};
+use crate::config::{LockConfig, Settings};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
 use crate::info::{self, LockInfo};
+use crate::owner::Identity;
 use crate::renew::Renewer;
 use crate::signal::Signal;
 use crate::wait::WakeRegistry;
@@ -29,9 +28,11 @@ use crate::{bridge, events};
 pub(crate) struct Engine {
     pub(crate) backend: Arc<Backend>,
     pub(crate) settings: Settings,
+    /// Who this client is, recorded in every grant.
+    identity: Identity,
     fencing: bool,
-    /// `single`, `redlock`, `cluster`, `sentinel`, `memory` or `etcd`: the `backend` label.
-    kind: &'static str,
+    /// The `backend` label.
+    kind: BackendKind,
     pub(crate) runtime: Handle,
     renewer: Renewer,
     wakers: Arc<WakeRegistry>,
@@ -63,55 +64,13 @@ impl Engine {
         let _entered = runtime.enter();
         let settings = valid.settings;
         let wakers = Arc::new(WakeRegistry::default());
-        let redis = |addr, field| -> Result<Arc<dyn Node>, LockError> {
-            Ok(Arc::new(RedisNode::new(
-                addr,
-                field,
-                &settings,
-                Arc::clone(&wakers),
-            )?))
-        };
-        let kind = match &valid.backend {
-            ValidBackend::Single(_) => "single",
-            ValidBackend::Redlock(addrs) if addrs.len() == 1 => "single",
-            ValidBackend::Redlock(_) => "redlock",
-            ValidBackend::InMemory => "memory",
-            #[cfg(feature = "etcd")]
-            ValidBackend::Etcd(_) => "etcd",
-            ValidBackend::Cluster(_) => "cluster",
-            ValidBackend::Sentinel { .. } => "sentinel",
-        };
-        let backend = match &valid.backend {
-            ValidBackend::Single(addr) => Backend::One(redis(addr, "url")?),
-            ValidBackend::Redlock(addrs) if addrs.len() == 1 => {
-                Backend::One(redis(&addrs[0], "urls")?)
-            }
-            ValidBackend::Redlock(addrs) => Backend::Quorum(Quorum::new(
-                addrs
-                    .iter()
-                    .map(|addr| redis(addr, "urls"))
-                    .collect::<Result<_, _>>()?,
-            )),
-            ValidBackend::InMemory => Backend::One(Arc::new(MemoryNode::new(Arc::clone(&wakers)))),
-            #[cfg(feature = "etcd")]
-            ValidBackend::Etcd(addrs) => Backend::One(Arc::new(crate::backend::EtcdNode::new(
-                addrs,
-                &settings,
-                Arc::clone(&wakers),
-            ))),
-            ValidBackend::Cluster(seeds) => Backend::One(Arc::new(ClusterNode::new(
-                seeds,
-                &settings,
-                Arc::clone(&wakers),
-            )?)),
-            ValidBackend::Sentinel { master, sentinels } => Backend::One(Arc::new(
-                SentinelNode::new(master, sentinels, &settings, Arc::clone(&wakers))?,
-            )),
-        };
-        let backend = Arc::new(backend);
+        let kind = valid.backend.kind();
+        let backend = Arc::new(valid.backend.build(&settings, Arc::clone(&wakers))?);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());
+        let identity = Identity::new(settings.owner.as_deref());
         Ok(Arc::new(Engine {
             backend,
+            identity,
             settings,
             fencing: valid.fencing,
             kind,
@@ -138,12 +97,16 @@ impl Engine {
     pub(crate) fn request(
         &self,
         keys: Vec<String>,
-        ttl: Option<Duration>,
-        wait: Option<Duration>,
-        max_hold: Option<Duration>,
+        times: Times,
         name: Option<Arc<str>>,
         mode: Mode,
     ) -> Result<Request, LockError> {
+        let Times {
+            ttl,
+            wait,
+            max_hold,
+            min_hold,
+        } = times;
         if self.shut_down.load(Ordering::Acquire) {
             return Err(shut_down());
         }
@@ -159,6 +122,9 @@ impl Engine {
         if max_hold.is_some_and(|d| d.is_zero()) {
             return Err(LockError::config("max_hold", "must be greater than zero"));
         }
+        // Zero asks for nothing (no minimum).
+        let min_hold = min_hold.filter(|d| !d.is_zero());
+        check_min_hold(min_hold, max_hold, mode)?;
         let wait = wait.unwrap_or(self.settings.default_wait);
         let mut keys = keys;
         keys.sort_unstable();
@@ -189,6 +155,7 @@ impl Engine {
             fencing: self.fencing,
             mode,
             max_hold,
+            min_hold,
             labels,
         })
     }
@@ -205,6 +172,7 @@ impl Engine {
         let ended = acquire::acquire(
             &self.backend,
             &self.settings,
+            &self.identity,
             &req,
             &mut strategy,
             &caller_gone,
@@ -228,7 +196,7 @@ impl Engine {
         if !self.renewer.is_running() {
             return AtOnce::NotNow(req);
         }
-        match acquire::acquire_at_once(node, &self.settings, &req) {
+        match acquire::acquire_at_once(node, &self.settings, &self.identity, &req) {
             Some(granted) => AtOnce::Done(self.hold(req, granted)),
             None => AtOnce::NotNow(req),
         }
@@ -331,13 +299,15 @@ impl Engine {
         released
     }
 
-    /// Releases every lock still held (their holders see them lost), refuses new ones, and waits
-    /// up to one request timeout for the releases still running.
+    /// Releases every lock still held (their holders see them lost; one whose `min_hold` has not
+    /// passed is left for the rest of it), refuses new ones, and waits up to one request timeout
+    /// for the releases still running. Locks let go before their `min_hold` passed are no longer
+    /// held: they are left alone, and expire by themselves.
     pub(crate) async fn shutdown(self: Arc<Self>) {
         self.shut_down.store(true, Ordering::Release);
         let held: Vec<Arc<Hold>> = self.held().drain().map(|(_, hold)| hold).collect();
         for hold in held {
-            hold.declare_lost(0, "lock_runtime::shutdown released it");
+            hold.shut_down();
             let backend = Arc::clone(&self.backend);
             self.background.spawn_on(
                 async move {
@@ -365,6 +335,15 @@ impl Engine {
     }
 }
 
+/// The durations a lock asks for: `None` takes the config's default (none for `min_hold`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Times {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
+}
+
 /// What [`Engine::acquire_at_once`] did.
 pub(crate) enum AtOnce {
     /// Granted (or granted while shutting down: given back, and the error).
@@ -382,6 +361,31 @@ fn shut_down() -> LockError {
 fn check_name(name: &str) -> Result<(), LockError> {
     if name.is_empty() {
         return Err(LockError::config("key", "must not be empty"));
+    }
+    Ok(())
+}
+
+/// `min_hold` (not zero) keeps an exclusive lock at least that long after its grant; it must fit
+/// in `max_hold`, the longest any call may hold the lock.
+fn check_min_hold(
+    min_hold: Option<Duration>,
+    max_hold: Option<Duration>,
+    mode: Mode,
+) -> Result<(), LockError> {
+    let Some(min_hold) = min_hold else {
+        return Ok(());
+    };
+    if mode != Mode::Exclusive {
+        return Err(LockError::config(
+            "min_hold",
+            format!("applies to exclusive locks, not to a {mode} lock"),
+        ));
+    }
+    if let Some(max_hold) = max_hold.filter(|max| *max < min_hold) {
+        return Err(LockError::config(
+            "min_hold",
+            format!("({min_hold:?}) must not be greater than max_hold ({max_hold:?})"),
+        ));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::BackendKind;
 use crate::error::{LockError, NodeFailure};
 
 /// The labels of one lock's events and metrics.
@@ -19,8 +20,7 @@ use crate::error::{LockError, NodeFailure};
 pub(crate) struct Labels {
     /// The key template (attribute) or the name set with `Lock::name`; `unnamed` otherwise.
     pub(crate) lock: Arc<str>,
-    /// `single`, `redlock` or `memory`.
-    pub(crate) backend: &'static str,
+    pub(crate) backend: BackendKind,
 }
 
 /// The span one acquisition (acquire, body, release) runs in.
@@ -29,7 +29,7 @@ pub(crate) fn span(labels: &Labels, keys: &[Arc<str>]) -> tracing::Span {
         "distributed_lock",
         lock = %labels.lock,
         key = %Keys(keys),
-        backend = labels.backend,
+        backend = labels.backend.label(),
     )
 }
 
@@ -38,9 +38,9 @@ pub(crate) fn acquired(labels: &Labels, waited: Duration, attempts: u32, fences:
     #[cfg(feature = "metrics")]
     {
         count(labels, "acquired");
-        metrics::histogram!("lock_wait_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        metrics::histogram!("lock_wait_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
             .record(waited.as_secs_f64());
-        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
             .increment(1.0);
     }
     #[cfg(not(feature = "metrics"))]
@@ -73,7 +73,7 @@ fn count(labels: &Labels, outcome: &'static str) {
     metrics::counter!(
         "lock_acquire_total",
         "lock" => labels.lock.to_string(),
-        "backend" => labels.backend,
+        "backend" => labels.backend.label(),
         "outcome" => outcome
     )
     .increment(1);
@@ -81,7 +81,7 @@ fn count(labels: &Labels, outcome: &'static str) {
 
 pub(crate) fn renewed(labels: &Labels, took: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("lock_renewal_lag_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+    metrics::histogram!("lock_renewal_lag_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
         .record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (labels, took);
@@ -94,7 +94,7 @@ pub(crate) fn renewal_failed(name: &str, cause: &NodeFailure) {
 pub(crate) fn lost(labels: &Labels, name: &str, why: &str) {
     tracing::warn!(key = name, why, "lock lost while held");
     #[cfg(feature = "metrics")]
-    metrics::counter!("lock_lost_total", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+    metrics::counter!("lock_lost_total", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
         .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = labels;
@@ -113,9 +113,9 @@ pub(crate) fn max_hold(name: &str, max_hold: Duration) {
 pub(crate) fn ended(labels: &Labels, acquired_at: Instant) {
     #[cfg(feature = "metrics")]
     {
-        metrics::histogram!("lock_hold_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        metrics::histogram!("lock_hold_seconds", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
             .record(acquired_at.elapsed().as_secs_f64());
-        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend)
+        metrics::gauge!("locks_held", "lock" => labels.lock.to_string(), "backend" => labels.backend.label())
             .decrement(1.0);
     }
     #[cfg(not(feature = "metrics"))]
@@ -134,6 +134,14 @@ pub(crate) fn forced_release(name: &str, outcome: &Result<bool, LockError>) {
 /// `acquired_at`: the clock is read only when the event is recorded.
 pub(crate) fn released(acquired_at: Instant) {
     tracing::debug!(held_for = ?acquired_at.elapsed(), "lock released");
+}
+
+/// A release before `min_hold` passed: the keys stay for `left`, then expire.
+pub(crate) fn kept(left: Duration) {
+    tracing::debug!(
+        ?left,
+        "lock let go before its min_hold: kept until it passes"
+    );
 }
 
 pub(crate) fn release_failed(name: &str, err: &LockError) {

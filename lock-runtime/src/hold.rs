@@ -33,6 +33,11 @@ pub(crate) struct Hold {
     acquired_at: Instant,
     /// When renewal stops and the body is told to stop (`max_hold`).
     pub(crate) max_hold: Option<Duration>,
+    /// How long after the grant the keys stay, even when the holder lets go earlier.
+    min_hold: Option<Duration>,
+    /// Declared lost by `shutdown` while it was still valid: its release still keeps the keys
+    /// for `min_hold`.
+    kept_by_shutdown: AtomicBool,
     /// The validity deadline: the lock is ours until then, as far as the last confirmed grant or
     /// renewal shows. Only moves forward.
     valid_until: AtomicInstant,
@@ -67,6 +72,8 @@ impl Hold {
             fences: granted.fences,
             acquired_at: granted.at,
             max_hold: req.max_hold,
+            min_hold: req.min_hold,
+            kept_by_shutdown: AtomicBool::new(false),
             valid_until: AtomicInstant::new(granted.valid_until),
             stop: Signal::default(),
             lost: Signal::default(),
@@ -97,6 +104,31 @@ impl Hold {
     /// When `max_hold` passes, if set.
     pub(crate) fn max_hold_at(&self) -> Option<Instant> {
         self.max_hold.and_then(|d| self.acquired_at.checked_add(d))
+    }
+
+    /// What is left at `now` of `min_hold` since the grant (`None`: nothing, or no `min_hold`).
+    /// The grant's instant is when its answer arrived, after the server granted it: the keys
+    /// then stay at least `min_hold` after the grant as the server saw it.
+    fn min_hold_left(&self, now: Instant) -> Option<Duration> {
+        let until = self.acquired_at.checked_add(self.min_hold?)?;
+        Some(until.saturating_duration_since(now)).filter(|left| !left.is_zero())
+    }
+
+    /// How long a release at `now` leaves the keys: what is left of `min_hold`, unless the lock
+    /// was lost before (by anything but [`shut_down`](Self::shut_down)).
+    fn keep_for(&self, now: Instant, was_lost: bool) -> Option<Duration> {
+        let lost = was_lost && !self.kept_by_shutdown.load(Ordering::Acquire);
+        self.min_hold_left(now).filter(|_| !lost)
+    }
+
+    /// `lock_runtime::shutdown` takes the lock back: its holder sees it lost, but unless it was
+    /// lost before, its keys are still left for the rest of `min_hold` (a scheduled job that ran
+    /// must not run again elsewhere only because this process stopped).
+    pub(crate) fn shut_down(&self) {
+        if !self.check_lost() {
+            self.kept_by_shutdown.store(true, Ordering::Release);
+        }
+        self.declare_lost(0, "lock_runtime::shutdown released it");
     }
 
     /// A renewal sent at some instant was confirmed: the lock is valid until `until`. A
@@ -184,13 +216,8 @@ impl Hold {
         self.released.is_raised()
     }
 
-    /// Lets go of the lock: renewal stops, and a "not yours" caused by this release is not a loss.
-    /// Returns whether it was lost before (decided now, before the release request).
-    pub(crate) fn let_go(&self) -> bool {
-        self.let_go_at(Instant::now())
-    }
-
-    /// [`let_go`](Self::let_go), with the clock read at `now`.
+    /// Lets go of the lock at `now`: renewal stops, and a "not yours" caused by this release is
+    /// not a loss. Returns whether it was lost before (decided now, before the release request).
     pub(crate) fn let_go_at(&self, now: Instant) -> bool {
         let lost = self.check_lost_at(now);
         self.released.raise();
@@ -206,20 +233,47 @@ impl Hold {
 
 /// Releases `hold` and decides the outcome. `Err(Lost)` when it was lost before the release or
 /// found taken by it; `Err(Unavailable)` when the servers could not be reached while the lock was
-/// still valid (it then expires by its TTL).
+/// still valid (it then expires by its TTL). Before `min_hold` has passed the keys are not
+/// deleted but left to expire when it passes (see [`let_go_request`]).
 pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockError> {
-    let was_lost = hold.let_go();
-    let outcome = backend
-        .release(&hold.names, &hold.token, hold.mode, true)
-        .await;
+    let now = Instant::now();
+    let was_lost = hold.let_go_at(now);
+    let outcome = let_go_request(hold, backend, hold.keep_for(now, was_lost)).await;
     settle(hold, was_lost, outcome)
+}
+
+/// The request that lets go of the keys: delete them and wake their waiters, or, with `left` of
+/// `min_hold`, leave them to expire then (compare the token, set the expiry; nobody is woken:
+/// the key is not free, and waiters' pauses are capped by its time to live).
+async fn let_go_request(
+    hold: &Hold,
+    backend: &Backend,
+    left: Option<Duration>,
+) -> Result<bool, Vec<NodeFailure>> {
+    match left {
+        Some(left) => {
+            events::kept(left);
+            backend.keep(&hold.names, &hold.token, left).await
+        }
+        None => {
+            backend
+                .release(&hold.names, &hold.token, hold.mode, true)
+                .await
+        }
+    }
 }
 
 /// [`release`] on a node that answers at once (in memory), in place.
 pub(crate) fn release_at_once(hold: &Hold, node: &dyn AtOnce) -> Result<(), LockError> {
     let now = Instant::now();
     let was_lost = hold.let_go_at(now);
-    let ours = node.release_at_once(&hold.names, &hold.token, hold.mode, true, now);
+    let ours = match hold.keep_for(now, was_lost) {
+        Some(left) => {
+            events::kept(left);
+            node.keep_at_once(&hold.names, &hold.token, left, now)
+        }
+        None => node.release_at_once(&hold.names, &hold.token, hold.mode, true, now),
+    };
     settle(hold, was_lost, Ok(ours))
 }
 
@@ -296,7 +350,7 @@ mod tests {
     fn hold(max_hold: Option<Duration>) -> Hold {
         let names: Names = vec![Arc::from("a"), Arc::from("b")].into();
         let granted = Granted {
-            token: Token::new(),
+            token: Token::new(&crate::owner::Identity::new(None), Instant::now()),
             fences: vec![1, 2],
             valid_until: Instant::now() + Duration::from_secs(30),
             at: Instant::now(),
@@ -309,9 +363,10 @@ mod tests {
             fencing: true,
             mode: Mode::Exclusive,
             max_hold,
+            min_hold: None,
             labels: Labels {
                 lock: Arc::from("test"),
-                backend: "memory",
+                backend: crate::backend::BackendKind::Memory,
             },
             span: tracing::Span::none(),
         };

@@ -34,8 +34,8 @@
 //!
 //! # The attribute
 //!
-//! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", reentrant = BOOL,
-//! fair = BOOL, shared = BOOL, permits = N, guard = NAME, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
+//! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", min_hold = "...",
+//! reentrant = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
 //!
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
@@ -44,6 +44,7 @@
 //! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"` (10ms to 365 days); renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
+//! | `min_hold` | no | the least time the lock is kept after its grant, even when the body returns earlier: see [Min hold](#min-hold); at most `max_hold` (both given: a compile error), exclusive locks only | none |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
 //! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; on Redlock the order is the gate node's line | `false` |
 //! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
@@ -64,10 +65,29 @@
 //! - Everything else is literal, including braces, so `key = "{tenant}:<id>"` keeps the Redis
 //!   Cluster hash tag `{tenant}`. Write `<<` and `>>` for a literal `<` and `>`.
 //! - Placeholders read parameters and their fields; they do not call methods.
+//! - `<name>` may also be a name bound inside a parameter's pattern, so extractor parameters work
+//!   as written: `Path((user, amount))` binds `user` and `amount`, `Query(Page { number, .. })`
+//!   binds `number`, `Point { x, y: why }` binds `x` and `why`; what `..` or `_` leaves out is not
+//!   bound, so it is not a name. Field paths work on them too:
+//!
+//! ```no_run
+//! # use lock_runtime::{distributed_lock, LockError};
+//! # pub struct State<T>(pub T);
+//! # pub struct Path<T>(pub T);
+//! # pub struct App { tenant: String, balance: i64 }
+//! #[distributed_lock(key = "{<app.tenant>}:wallet:<user>", wait = "5s")]
+//! async fn withdraw(
+//!     State(app): State<App>,
+//!     Path((user, amount)): Path<(u64, i64)>,
+//! ) -> Result<i64, LockError> {
+//!     // `app`, `user` and `amount` are the body's, as without the attribute
+//!     Ok(app.balance - amount)
+//! }
+//! ```
 //!
 //! Parts are rendered from borrows before the body runs: arguments are neither moved nor cloned.
 //! An unknown name, `<>`, an unterminated `<`, or `<self..>` outside a method is a compile error
-//! naming the placeholder and listing the parameters.
+//! naming the placeholder and listing the parameters and the names their patterns bind.
 //!
 //! ## Sync and async functions
 //!
@@ -119,6 +139,69 @@
 //! a sync body runs to its end (the lock then expires within one TTL if it never ends), and the
 //! call returns [`LockError::MaxHoldExceeded`].
 //!
+//! ## Min hold
+//!
+//! A scheduled job that runs on several instances should run once per tick, even when it
+//! finishes in 200 ms on one instance and another instance's timer fires 300 ms later.
+//! `min_hold = "30s"` ([`Lock::min_hold`]; ShedLock's `lockAtLeastFor`) keeps the lock until
+//! 30 s after its grant: a body that returns earlier (or a guard released or dropped earlier)
+//! does not delete the keys but leaves them to expire then (Redis: compare the token and
+//! `PEXPIRE` to the time left; Redlock: on every node, settled by a quorum as a release is; etcd:
+//! the keys move to a new lease of the time left, rounded up to whole seconds, so they may live
+//! up to a second longer). The call is not blocked: it returns as soon as that request is
+//! answered, and nothing is renewed after it. A `min_hold` longer than the `ttl` extends the keys
+//! at release. Meanwhile other callers get `Contended`, or wait until the keys expire (the
+//! release wakes no waiter: their pause is capped by the key's time to live). Let go after
+//! `min_hold` passed, the keys are deleted as usual.
+//!
+//! ```no_run
+//! use lock_runtime::{distributed_lock, LockError};
+//!
+//! // Every instance fires at 02:00; the first one runs the report, the others are `Contended`.
+//! #[distributed_lock(key = "report:<day>", min_hold = "5m", max_hold = "1h")]
+//! async fn nightly_report(day: &str) -> Result<(), LockError> {
+//!     # let _ = day;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! A lock that was lost stays [`LockError::Lost`]; [`shutdown`] leaves locks let go before their
+//! `min_hold` alone (they end by themselves), and a lock still held at shutdown, though its holder
+//! sees it lost, is left for the rest of its `min_hold`. `min_hold` applies to exclusive locks
+//! (one key or several); with `fair`, `shared` or `permits`, or longer than `max_hold`, it is a
+//! compile error in the attribute and a [`LockError::Config`] error naming `min_hold` in the
+//! builder (or against [`LockConfig::max_hold`]). Zero asks for nothing.
+//!
+//! # Leader election
+//!
+//! Of all the campaigners on one name, in every process that shares the backend, one leads at a
+//! time: [`Election::campaign`] waits until elected (cancellable), and the [`Leadership`] it
+//! returns has an epoch that grows with every leader, knows when it is lost, and is given up
+//! with [`Leadership::resign`] (or by dropping it). [`Election::leader`] says who leads now and
+//! [`Election::observe`] each change. An election named `name` is the lock `name` (exclusive,
+//! not reentrant, renewed while held, always fenced: the epoch is its fencing token), so
+//! [`inspect`]`(name)` and `lockctl inspect name` show it, and a crashed leader is replaced
+//! within its ttl.
+//!
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! use lock_runtime::{LockClient, LockConfig};
+//!
+//! let client = LockClient::new(LockConfig::in_memory())?;
+//! let first = client.election("scheduler").campaign().await?; // free: elected at once
+//! let epoch = first.epoch();
+//! // A rival waits for as long as the first leads; it is elected when the first resigns.
+//! let rival = client.election("scheduler");
+//! let (next, resigned) = tokio::join!(rival.campaign(), first.resign());
+//! resigned?;
+//! let next = next?;
+//! assert!(next.epoch() > epoch);
+//! next.resign().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Errors
 //!
 //! | error | when | the body |
@@ -128,7 +211,7 @@
 //! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
 //! | [`LockError::MaxHoldExceeded`] `{ key, max_hold }` | the body ran past `max_hold` | async: stopped at its next `.await`; sync: ran to the end; a success is replaced, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
-//! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`), or a nested call on more keys than its enclosing lock holds (`field: "keys"`) | did not run |
+//! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`; `min_hold` longer than `max_hold` or on a non-exclusive lock), or a nested call on more keys than its enclosing lock holds (`field: "keys"`) | did not run |
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
@@ -182,6 +265,12 @@
 //! With Cluster and Sentinel, [`LockConfig::min_replicas`]`(n)` makes a grant (and each renewal)
 //! count only once `n` replicas acknowledged it (`WAIT`).
 //!
+//! With the `tls` feature, [`LockConfig::tls_root_ca`]`(pem)` trusts a private CA instead of the
+//! public roots, and [`LockConfig::tls_client_cert`]`(cert, key)` presents a client
+//! certificate, on every `rediss://` and etcd `https://` connection. Sentinels that require a
+//! password take it in their URLs; [`LockConfig::master_auth`] gives the master's when it
+//! differs.
+//!
 //! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
 //! jitter, renew interval, drift factor, connect and response timeouts, fencing, and the runtime
 //! that hosts connections ([`LockConfig::runtime`]: by default the library's own, so locks work
@@ -202,11 +291,12 @@
 //!   `lock_acquire_total{lock, backend, outcome}`, the histograms `lock_wait_seconds`,
 //!   `lock_hold_seconds` and `lock_renewal_lag_seconds`, `lock_lost_total`, and the gauge
 //!   `locks_held`, all labelled `lock` (the template, never the rendered key) and `backend`.
-//! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, each node's view);
+//! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, who holds it as
+//!   [`Owner`]s (named by [`LockConfig::owner`], or `host:pid`), each node's view);
 //!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
 //!   `lock-cli`) lists, inspects, force-releases and watches locks.
 //! - The `observed` example (`cargo run -p lock-examples --bin observed`) runs a workload with a
-//!   tracing subscriber and a Prometheus endpoint; the README's "Operating it" shows its output.
+//!   tracing subscriber and a Prometheus endpoint; DEPLOYING.md's "Operating it" shows its output.
 //!
 //! # The same code without the macro
 //!
@@ -337,9 +427,10 @@
 //!   a member without a leader are `Unavailable`, with every endpoint's cause: the client tries
 //!   the members in turn, within one connect plus one response timeout.
 //! - `http://user:password@host:2379` authenticates as an etcd user (the password never shows in
-//!   `Debug` or errors); `https://` needs the `tls` feature as well (webpki roots).
+//!   `Debug` or errors); `https://` needs the `tls` feature as well (webpki roots, or
+//!   [`LockConfig::tls_root_ca`]).
 //! - The cost: each grant is two raft writes (lease grant, transaction) and each release two more
-//!   (delete, revoke), each fsynced by a majority; see the README's benchmark for figures next to
+//!   (delete, revoke), each fsynced by a majority; see BENCHMARKS.md for figures next to
 //!   Redis. Building needs `protoc` (Debian: `protobuf-compiler`).
 
 mod acquire;
@@ -348,6 +439,7 @@ mod backend;
 mod bridge;
 mod client;
 mod config;
+mod election;
 mod engine;
 mod error;
 mod events;
@@ -356,6 +448,7 @@ mod guard;
 mod hold;
 mod info;
 mod lock;
+mod owner;
 mod renew;
 mod scope;
 mod signal;
@@ -368,8 +461,11 @@ pub mod __private;
 #[doc = include_str!("../FAULTS.md")]
 pub mod fault_table {}
 
+#[cfg(feature = "etcd")]
+pub use backend::etcd_lock_name;
 pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
+pub use election::{Election, Leadership};
 pub use error::{FailureKind, LockError, NodeFailure};
 pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;
@@ -377,3 +473,4 @@ pub use info::{LockInfo, NodeLockState};
 pub use lock::Lock;
 /// Runs a function body while holding a distributed lock. See the [crate documentation](crate).
 pub use lock_macros::distributed_lock;
+pub use owner::Owner;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::backend::Mode;
 use crate::bridge;
-use crate::engine::{AtOnce, Engine};
+use crate::engine::{AtOnce, Engine, Times};
 use tracing::Instrument as _;
 
 use crate::error::LockError;
@@ -42,11 +42,14 @@ pub struct Lock {
     ttl: Option<Duration>,
     wait: Option<Duration>,
     max_hold: Option<Duration>,
+    min_hold: Option<Duration>,
     reentrant: bool,
     fair: bool,
     shared: bool,
     permits: Option<u32>,
     name: Option<Arc<str>>,
+    /// A fencing token whatever the config says (an election's epoch is its fencing token).
+    fenced: bool,
 }
 
 impl fmt::Debug for Lock {
@@ -56,6 +59,7 @@ impl fmt::Debug for Lock {
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("max_hold", &self.max_hold)
+            .field("min_hold", &self.min_hold)
             .field("reentrant", &self.reentrant)
             .field("fair", &self.fair)
             .field("shared", &self.shared)
@@ -85,16 +89,24 @@ impl Lock {
             ttl: None,
             wait: None,
             max_hold: None,
+            min_hold: None,
             reentrant: true,
             fair: false,
             shared: false,
             permits: None,
             name: None,
+            fenced: false,
         }
     }
 
     pub(crate) fn on(mut self, engine: Arc<Engine>) -> Self {
         self.engine = Some(engine);
+        self
+    }
+
+    /// Asks for a fencing token even where the config turns fencing off (Redlock's default).
+    pub(crate) fn fenced(mut self) -> Self {
+        self.fenced = true;
         self
     }
 
@@ -118,6 +130,29 @@ impl Lock {
     /// by its holder, or expires by its TTL.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The least time the lock is kept after its grant (default: none; ShedLock's
+    /// `lockAtLeastFor`): a holder that lets go earlier (a body that returns, a guard released
+    /// or dropped) does not delete the keys but leaves them to expire when `min_hold` has passed,
+    /// so a scheduled job that finished in 200 ms on one instance does not run again on another
+    /// whose timer fires 300 ms later. The caller is not blocked: the release returns as soon as
+    /// the server answered it, and nothing is renewed after it; the keys are extended when
+    /// `min_hold` is longer than the `ttl`. Other callers meanwhile get
+    /// [`LockError::Contended`] (or wait, with [`wait`](Self::wait), until the keys expire).
+    /// Let go after `min_hold` passed, the keys are deleted as usual. A lock lost stays
+    /// [`LockError::Lost`], and [`shutdown`](crate::shutdown) leaves such keys for the rest of
+    /// their `min_hold`.
+    ///
+    /// Exclusive locks only (one key or several): with [`fair`](Self::fair),
+    /// [`shared`](Self::shared) or [`permits`](Self::permits) it is a [`LockError::Config`] error
+    /// naming `min_hold`, as is a `min_hold` longer than [`max_hold`](Self::max_hold). Zero asks
+    /// for nothing. A nested call that joins an enclosing hold (see
+    /// [`reentrant`](Self::reentrant)) keeps that hold's `min_hold`. On etcd the keys may live
+    /// up to a second past it (leases count whole seconds).
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
         self
     }
 
@@ -203,14 +238,18 @@ impl Lock {
     fn prepare(self) -> Result<Prepared, LockError> {
         let engine = self.engine()?;
         let mode = self.mode()?;
-        let req = engine.request(
+        let mut req = engine.request(
             self.keys,
-            self.ttl,
-            self.wait,
-            self.max_hold,
+            Times {
+                ttl: self.ttl,
+                wait: self.wait,
+                max_hold: self.max_hold,
+                min_hold: self.min_hold,
+            },
             self.name,
             mode,
         )?;
+        req.fencing |= self.fenced;
         if self.reentrant {
             match scope::find(engine.id(), &req.names) {
                 Held::Nothing => {}

@@ -38,11 +38,13 @@ pub use harness::levers::{
     pause_writes, ping_error_code, warm_up,
 };
 pub use harness::proxy::FaultProxy;
-pub use harness::sentinel::SentinelSet;
+pub use harness::sentinel::{SentinelOptions, SentinelSet};
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
 pub use harness::store::LockStore;
+pub use harness::tls::TestCa;
 pub use harness::util::{
-    CLEANUP_PAUSE, LockKeys, SCHEDULING_SLACK, assert_lost_at_the_deadline, default_validity,
-    free_port, lock_keys, queued, unique_key, until_queued, wait_until, wait_until_async,
+    CLEANUP_PAUSE, LockKeys, SCHEDULING_SLACK, assert_lost_at_the_deadline, client, config_field,
+    default_validity, free_port, lock_keys, ms, queued, unique_key, until_queued, wait_until,
+    wait_until_async,
 };
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::{RedisServer, SCHEDULING_SLACK, ServerOptions, bounded};
 
-/// The least-privilege ACL user the README documents: its scripts, pub/sub on its channels, keys
+/// The least-privilege ACL user DEPLOYING.md documents: its scripts, pub/sub on its channels, keys
 /// and channels under its prefix.
 const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
      +evalsha +eval +script|load +subscribe +unsubscribe +ping +select +multi +exec \

@@ -1,6 +1,7 @@
 //! `#[distributed_lock]` against a real Redis node through the global client: contention, renewal,
-//! loss (async cancelled, sync finished), cancellation, panic, and mixed sync/async callers
-//! counting exactly, in this process and across processes. One test, because `init` is per process.
+//! loss (async cancelled, sync finished), cancellation, panic, keys from names bound by parameter
+//! patterns, and mixed sync/async callers counting exactly, in this process and across processes.
+//! One test, because `init` is per process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -108,6 +109,30 @@ fn increment_sync(id: &str, conn: &mut redis::Connection) -> Result<(), LockErro
         .query(conn)
         .unwrap();
     Ok(())
+}
+
+// axum's extractors, in small: handlers whose key names what their parameter patterns bind.
+struct Path<T>(T);
+struct State<T>(T);
+
+/// Holds `attr:<user>` until `release` fires (or 10s pass).
+#[distributed_lock(key = "attr:<user>", guard = lock)]
+async fn withdraw_async(
+    State(release): State<tokio::sync::oneshot::Receiver<()>>,
+    Path((user, amount)): Path<(String, u64)>,
+) -> Result<(String, u64), LockError> {
+    let _ = tokio::time::timeout(Duration::from_secs(10), release).await;
+    Ok((lock.key().to_owned(), amount))
+}
+
+/// Holds `attr:<user>` until `release` fires (or 10s pass).
+#[distributed_lock(key = "attr:<user>", guard = lock)]
+fn withdraw_sync(
+    State(release): State<std::sync::mpsc::Receiver<()>>,
+    Path((user, amount)): Path<(String, u64)>,
+) -> Result<(String, u64), LockError> {
+    let _ = release.recv_timeout(Duration::from_secs(10));
+    Ok((lock.key().to_owned(), amount))
 }
 
 /// The Redis lock key of `attr:<id>`, the key template of every fn here.
@@ -220,6 +245,52 @@ fn the_attribute_on_redis() {
     let caught = std::panic::catch_unwind(|| panics(&id));
     assert!(caught.is_err());
     eprintln!("free after panic: {:?}", wait_free(&server, &id));
+
+    // Keys from pattern bindings: `Path((user, amount))` locks `attr:<user>` itself. While one call
+    // holds it, a call for the same user contends and one for another user goes through.
+    let (user, other) = (
+        unique_key("pattern-async"),
+        unique_key("pattern-async-other"),
+    );
+    rt.block_on(async {
+        let (release, gate) = tokio::sync::oneshot::channel();
+        let first = tokio::spawn(withdraw_async(State(gate), Path((user.clone(), 1))));
+        wait_until_async(
+            Duration::from_secs(5),
+            "the first call holds attr:<user>",
+            || !server.keys(&lock_key(&user)).is_empty(),
+        )
+        .await;
+        let (_, gate) = tokio::sync::oneshot::channel();
+        let same = withdraw_async(State(gate), Path((user.clone(), 2))).await;
+        assert!(matches!(same, Err(LockError::Contended { .. })), "{same:?}");
+        let (open, gate) = tokio::sync::oneshot::channel();
+        open.send(()).unwrap();
+        let apart = withdraw_async(State(gate), Path((other.clone(), 3))).await;
+        assert_eq!(apart.unwrap(), (format!("attr:{other}"), 3));
+        release.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), (format!("attr:{user}"), 1));
+    });
+    let (user, other) = (unique_key("pattern-sync"), unique_key("pattern-sync-other"));
+    let (release, gate) = std::sync::mpsc::channel();
+    let first = std::thread::spawn({
+        let user = user.clone();
+        move || withdraw_sync(State(gate), Path((user, 1)))
+    });
+    wait_until(
+        Duration::from_secs(5),
+        "the first call holds attr:<user>",
+        || !server.keys(&lock_key(&user)).is_empty(),
+    );
+    let (_, gate) = std::sync::mpsc::channel();
+    let same = withdraw_sync(State(gate), Path((user.clone(), 2)));
+    assert!(matches!(same, Err(LockError::Contended { .. })), "{same:?}");
+    let (open, gate) = std::sync::mpsc::channel();
+    open.send(()).unwrap();
+    let apart = withdraw_sync(State(gate), Path((other.clone(), 3)));
+    assert_eq!(apart.unwrap(), (format!("attr:{other}"), 3));
+    release.send(()).unwrap();
+    assert_eq!(first.join().unwrap().unwrap(), (format!("attr:{user}"), 1));
 
     // Mixed callers in this process: 4 async tasks and 2 threads, 40 increments each, all done
     // within one bound (each call could wait 20s for the lock; together they take about a second).

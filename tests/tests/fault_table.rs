@@ -9,19 +9,11 @@ use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
     CLEANUP_PAUSE, FaultProxy, KeyEvents, RedisMasters, RedisServer, SCHEDULING_SLACK,
     ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded, bounded_blocking,
-    default_validity, eventually, key_exists, lock_keys, unique_key, wait_until, wait_until_async,
-    warm_up,
+    client, default_validity, eventually, key_exists, lock_keys, ms, unique_key, wait_until,
+    wait_until_async, warm_up,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn client(config: LockConfig) -> LockClient {
-    LockClient::new(config).expect("valid lock config")
-}
 
 /// [`quick`]'s request timeout: connect + response.
 const QUICK_REQUEST: Duration = Duration::from_millis(400);

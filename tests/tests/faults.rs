@@ -7,19 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
+use lock_runtime::{FailureKind, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, KeyEvents, RedisServer, SCHEDULING_SLACK, ServerOptions, Worker,
-    assert_lost_at_the_deadline, capture, default_validity, free_port, lock_keys, unique_key,
-    wait_until_async, warm_up,
+    assert_lost_at_the_deadline, bounded, capture, client, default_validity, free_port, lock_keys,
+    unique_key, wait_until_async, warm_up,
 };
-
-fn client(config: LockConfig) -> LockClient {
-    LockClient::new(config).expect("valid lock config")
-}
 
 /// The Redis key of lock `name` under the default prefix.
 fn redis_key(name: &str) -> String {
@@ -45,12 +40,6 @@ async fn wait_gone(server: &RedisServer, key: &str, timeout: Duration, what: &st
         !exists(&mut admin, key)
     })
     .await
-}
-
-async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
 }
 
 fn causes(err: &LockError) -> &[lock_runtime::NodeFailure] {
@@ -792,12 +781,20 @@ async fn tokens_and_passwords_never_in_debug_or_logs() {
         "the capture saw no event about {key}: the log check would be vacuous\n{text}"
     );
     eprintln!("captured {} log lines", text.lines().count());
-    for token in &tokens {
-        assert_eq!(token.len(), 32, "unexpected token format");
+    for value in &tokens {
+        // The value is the token's secret (32 hex digits), then the owner record, which may
+        // be shown: the secret may not.
+        let secret = value
+            .get(..32)
+            .unwrap_or_else(|| panic!("a short value: {value:?}"));
+        assert!(
+            secret.bytes().all(|b| b.is_ascii_hexdigit()),
+            "unexpected token format: {value:?}"
+        );
         for s in &shown {
-            assert!(!s.contains(token.as_str()), "token shown in {s}");
+            assert!(!s.contains(secret), "token shown in {s}");
         }
-        assert!(!text.contains(token.as_str()), "token in the logs");
+        assert!(!text.contains(secret), "token in the logs");
     }
     for s in &shown {
         assert!(!s.contains(password), "password shown in {s}");

@@ -6,13 +6,7 @@
 use std::time::Duration;
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError};
-
-fn field(result: Result<impl std::fmt::Debug, LockError>) -> &'static str {
-    match result {
-        Err(LockError::Config { field, .. }) => field,
-        other => panic!("expected a config error, got {other:?}"),
-    }
-}
+use lock_tests::config_field;
 
 #[tokio::test]
 async fn init_once_and_config_errors_name_the_field() {
@@ -27,11 +21,11 @@ async fn init_once_and_config_errors_name_the_field() {
 
     // A failed init leaves the process uninitialised...
     assert_eq!(
-        field(lock_runtime::init(LockConfig::single("http://127.0.0.1/"))),
+        config_field(lock_runtime::init(LockConfig::single("http://127.0.0.1/"))),
         "url"
     );
     assert_eq!(
-        field(lock_runtime::init(
+        config_field(lock_runtime::init(
             LockConfig::in_memory().default_ttl(Duration::ZERO)
         )),
         "default_ttl"
@@ -51,15 +45,40 @@ async fn init_once_and_config_errors_name_the_field() {
 
     // Per-lock values are checked when the lock is taken.
     assert_eq!(
-        field(Lock::new("init:ttl").ttl(Duration::ZERO).acquire().await),
+        config_field(Lock::new("init:ttl").ttl(Duration::ZERO).acquire().await),
         "ttl"
     );
-    assert_eq!(field(Lock::new("").acquire().await), "key");
+    assert_eq!(config_field(Lock::new("").acquire().await), "key");
+    // `min_hold` must fit in `max_hold` (per lock or the config's default) and keeps exclusive
+    // locks only; zero asks for nothing, so it clashes with nothing.
+    let min_hold = Lock::new("init:minhold").min_hold(Duration::from_secs(2));
+    assert_eq!(
+        config_field(min_hold.max_hold(Duration::from_secs(1)).acquire().await),
+        "min_hold"
+    );
+    let capped = LockClient::new(LockConfig::in_memory().max_hold(Duration::from_secs(1))).unwrap();
+    let min_hold = capped.lock("init:minhold").min_hold(Duration::from_secs(2));
+    assert_eq!(config_field(min_hold.acquire().await), "min_hold");
+    for kind in [
+        Lock::new("init:minhold").fair(true),
+        Lock::new("init:minhold").shared(true),
+        Lock::new("init:minhold").permits(2),
+    ] {
+        let kind = kind.min_hold(Duration::from_secs(1));
+        assert_eq!(config_field(kind.acquire().await), "min_hold");
+    }
+    let zero = Lock::new("init:minhold")
+        .shared(true)
+        .min_hold(Duration::ZERO);
+    zero.acquire().await.unwrap().release().await.unwrap();
     for ttl in [
         Duration::from_millis(5),
         Duration::from_secs(400 * 24 * 3600),
     ] {
-        assert_eq!(field(Lock::new("init:ttl").ttl(ttl).acquire().await), "ttl");
+        assert_eq!(
+            config_field(Lock::new("init:ttl").ttl(ttl).acquire().await),
+            "ttl"
+        );
     }
     // A per-lock ttl shorter than the renew interval is renewed before its validity runs out
     // anyway (the renewal is due one request, at most half the ttl, before the deadline).
@@ -96,6 +115,6 @@ async fn init_once_and_config_errors_name_the_field() {
             "renew_interval",
         ),
     ] {
-        assert_eq!(field(LockClient::new(config)), expected);
+        assert_eq!(config_field(LockClient::new(config)), expected);
     }
 }

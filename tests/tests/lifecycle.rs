@@ -10,20 +10,15 @@ use lock_runtime::__private::redis_keys;
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     BusyScript, CLEANUP_PAUSE, FaultProxy, KeyEvents, LoadingServer, RedisMasters, RedisServer,
-    SCHEDULING_SLACK, Worker, await_waiter, bounded, eventually, key_exists, lock_keys, unique_key,
-    wait_until_async, warm_up,
+    SCHEDULING_SLACK, Worker, await_waiter, bounded, client, eventually, key_exists, lock_keys, ms,
+    unique_key, wait_until_async, warm_up,
 };
 
 /// One request with the default timeouts: connect 1 s + response 500 ms.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn client(config: LockConfig) -> LockClient {
-    LockClient::new(config).expect("valid lock config")
-}
+/// How far a fence counter may lag the server's clock for the transaction (`FENCE_LAG_US`).
+const FENCE_LAG: Duration = Duration::from_millis(100);
 
 fn fence_key(name: &str) -> String {
     redis_keys("lock:", name)[1].clone()
@@ -303,20 +298,23 @@ async fn a_slow_acquire_still_renews_before_its_deadline() {
             .response_timeout(Duration::from_secs(1)),
     );
     let ttl = Duration::from_secs(2);
-    // Warm up: connect, and load both the acquire and the extend script (one renewal).
-    let warm = locks
-        .lock(unique_key("life:warm"))
-        .ttl(ms(300))
-        .acquire()
-        .await
-        .unwrap();
+    // Warm up: connect, and load both the extend script (one renewal) and the acquire script.
+    let key = unique_key("life:slow-acquire");
+    let warm = locks.lock(&key).ttl(ms(300)).acquire().await.unwrap();
     tokio::time::sleep(ms(250)).await;
     assert!(!warm.is_lost());
     warm.release().await.unwrap();
+    // The name's grant is older than the fence lag now, so this one is the acquire script, and
+    // after the lag again, so is the slow acquire below.
+    let warm = locks.lock(&key).acquire().await.unwrap();
+    warm.release().await.unwrap();
+    tokio::time::sleep(FENCE_LAG).await;
 
-    // 400ms each way: every round trip takes 0.4 ttl, the acquire included.
+    // 400ms each way: every round trip takes 0.4 ttl, the acquire included. The acquire is one
+    // round trip because the client saw the name longer than the fence lag ago (its acquire is
+    // the script): a name new to it would be seeded at the server's clock as read before the
+    // delay, which the delay makes lag, and the token would be raised in a second round trip.
     proxy.set_delay(ms(400));
-    let key = unique_key("life:slow-acquire");
     let started = Instant::now();
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
     eprintln!(
@@ -758,13 +756,56 @@ async fn fencing_tokens_grow_after_the_counter_is_deleted() {
         guard.release().await.unwrap();
         forget_fence(&server, &key);
     }
-    // Rounds 2 to 4 took the transaction, whose `INCR` found no counter and seeded it.
-    assert_eq!(server.command_calls("multi"), 3);
+    // Every round took the transaction, whose `INCR` found no counter, and raised the token to
+    // the clock: round 1 as a name new to a client that had no clock reading to seed it from yet.
+    assert_eq!(server.command_calls("multi"), 4);
+}
+
+/// A name new to a client that has read the server's clock (on another name) is taken in one
+/// transaction that seeds its counter at that clock: no script, and a token above every token
+/// the name had before its counter was lost.
+#[tokio::test]
+async fn a_name_new_to_the_client_is_seeded_in_one_transaction() {
+    let server = RedisServer::start();
+    let [before, after] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let key = unique_key("life:fence-seeded");
+    let guard = before.lock(&key).acquire().await.unwrap();
+    let earlier = guard.fencing_token().unwrap();
+    guard.release().await.unwrap();
+    forget_fence(&server, &key);
+    let reading = after
+        .lock(unique_key("life:fence-clock"))
+        .acquire()
+        .await
+        .unwrap();
+    reading.release().await.unwrap();
+    let (scripts, transactions) = (
+        server.command_calls("evalsha"),
+        server.command_calls("multi"),
+    );
+    let guard = after.lock(&key).acquire().await.unwrap();
+    let token = guard.fencing_token().unwrap();
+    assert_eq!(
+        (
+            server.command_calls("evalsha") - scripts,
+            server.command_calls("multi") - transactions
+        ),
+        (0, 1),
+        "not one transaction alone"
+    );
+    assert!(token > earlier, "token {token} not above {earlier}");
+    let counter: u64 = redis::cmd("GET")
+        .arg(fence_key(&key))
+        .query(&mut server.admin())
+        .unwrap();
+    assert_eq!(counter, token, "the counter is not the token");
+    guard.release().await.unwrap();
 }
 
 /// A plain lock's attempt is a transaction that counts the fence on even when it is refused the
 /// lock. With the counter lost, refused attempts leave a small count behind, and the next grant
-/// (here through the script, by a client new to the name) must still raise it to the clock.
+/// (here by a client new to the name, with no clock reading to seed it from: its transaction
+/// finds the small count) must still raise it to the clock.
 #[tokio::test]
 async fn refused_transactions_leave_no_unseeded_counter_behind() {
     let server = RedisServer::start();
@@ -842,15 +883,27 @@ async fn a_fair_hand_off_after_the_counter_was_recreated_has_a_larger_token() {
     assert!(token > before, "hand-off token {token} not above {before}");
 }
 
-/// A fence counter that is not a number gives no fencing token, so no lock: on the transaction
-/// path (a client that has taken the name before) as on the script's, the acquire fails as
-/// unavailable and leaves no lock behind; once the counter is gone the name works again.
+/// A fence counter that is not a number gives no fencing token, so no lock: on each path, the
+/// transaction that counts on (a client that took the name a moment ago), the one that seeds (a
+/// client new to the name that has read the clock) and the script (a client that took the name
+/// longer than the fence lag ago), the acquire fails as unavailable and leaves no lock behind;
+/// once the counter is gone the name works again.
 #[tokio::test]
 async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
     let server = RedisServer::start();
-    let [seen, fresh] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let [seen, seeded, stale] = [(); 3].map(|()| client(LockConfig::single(server.url())));
     let key = unique_key("life:fence-garbage");
+    let guard = stale.lock(&key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+    // What makes its next attempt the script: its grant is older than the lag.
+    tokio::time::sleep(FENCE_LAG).await;
     let guard = seen.lock(&key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let guard = seeded
+        .lock(unique_key("life:fence-garbage-clock"))
+        .acquire()
+        .await
+        .unwrap();
     guard.release().await.unwrap();
     let () = redis::cmd("SET")
         .arg(fence_key(&key))
@@ -858,7 +911,11 @@ async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
         .query(&mut server.admin())
         .unwrap();
     let transactions = server.command_calls("multi");
-    for (who, locks) in [("transaction", &seen), ("script", &fresh)] {
+    for (who, locks) in [
+        ("transaction", &seen),
+        ("seeded transaction", &seeded),
+        ("script", &stale),
+    ] {
         match locks.lock(&key).acquire().await {
             Err(LockError::Unavailable { causes, .. }) => {
                 assert_eq!(causes[0].kind, FailureKind::Response, "{who}: {causes:?}");
@@ -872,8 +929,8 @@ async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
     }
     assert_eq!(
         server.command_calls("multi") - transactions,
-        1,
-        "the first try was a transaction"
+        2,
+        "the first two tries were transactions"
     );
     forget_fence(&server, &key);
     let guard = seen.lock(&key).acquire().await.unwrap();

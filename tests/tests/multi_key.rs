@@ -42,9 +42,10 @@ fn cross_slot_pair(prefix: &str) -> (String, String) {
         .unwrap()
 }
 
-/// Script calls the node has run so far.
-fn script_calls(server: &RedisServer) -> u64 {
-    ["evalsha", "eval", "fcall"]
+/// Calls the node has run so far that ask for a lock: scripts, and a one-key lock's
+/// transaction.
+fn lock_calls(server: &RedisServer) -> u64 {
+    ["evalsha", "eval", "fcall", "multi"]
         .iter()
         .map(|command| server.command_calls(command))
         .sum()
@@ -58,8 +59,9 @@ fn the_slot_function_matches_redis_cluster() {
     assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
 }
 
-/// A two-key lock over two slots costs one script call, like a one-key lock; when either key is
-/// held, the whole acquisition is `Contended` and the other key is not left locked.
+/// A two-key lock over two slots costs one call (a script), like a one-key lock (a transaction);
+/// when either key is held, the whole acquisition is `Contended` and the other key is not left
+/// locked.
 #[tokio::test]
 async fn cross_slot_keys_in_one_call_and_nothing_left_when_one_is_held() {
     let server = RedisServer::start();
@@ -76,17 +78,14 @@ async fn cross_slot_keys_in_one_call_and_nothing_left_when_one_is_held() {
     warm.release().await.unwrap();
 
     let (ka, kb) = cross_slot_pair("multi:slots");
-    let before = script_calls(&server);
+    let before = lock_calls(&server);
     let one = a.lock(&ka).acquire().await.unwrap();
-    let one_key = script_calls(&server) - before;
+    let one_key = lock_calls(&server) - before;
     one.release().await.unwrap();
-    let before = script_calls(&server);
+    let before = lock_calls(&server);
     let both = a.lock_many([&ka, &kb]).acquire().await.unwrap();
-    let two_keys = script_calls(&server) - before;
-    assert_eq!(
-        two_keys, one_key,
-        "a cross-slot pair took more script calls"
-    );
+    let two_keys = lock_calls(&server) - before;
+    assert_eq!(two_keys, one_key, "a cross-slot pair took more calls");
     assert!(key_exists(&server, &lock_keys(&ka).lock) && key_exists(&server, &lock_keys(&kb).lock));
     both.release().await.unwrap();
 

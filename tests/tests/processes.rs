@@ -121,6 +121,51 @@ async fn fencing_tokens_strictly_increase_across_1000_grants() {
 /// The history checker can fail: a worker's lock key is deleted while it is inside its critical
 /// section (held for 3s), a second worker is granted the lock meanwhile, and the checker names
 /// exactly these two grants.
+/// Two reader processes hold one read lock, a third an exclusive one: this process reads back
+/// who holds each, by process id and program, with the default owner name `host:pid`, recorded
+/// between the processes' start and their grant.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_process_sees_which_processes_hold_a_lock() {
+    let server = RedisServer::start();
+    let (shared, exclusive) = (
+        unique_key("processes:owners-r"),
+        unique_key("processes:owners-w"),
+    );
+    let spawned = std::time::SystemTime::now();
+    let holder = |key: &str, kind: &str| {
+        let mut worker = Worker::spawn(
+            env!("CARGO_BIN_EXE_holder"),
+            &[server.url().as_str(), key, "30000", kind],
+        );
+        let line = worker.next_line(Duration::from_secs(10));
+        assert!(line.starts_with("acquired"), "the holder said {line:?}");
+        worker
+    };
+    let readers = [holder(&shared, "read"), holder(&shared, "read")];
+    let writer = holder(&exclusive, "write");
+    let granted = std::time::SystemTime::now();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+
+    let info = client.inspect(&shared).await.unwrap().expect("held");
+    let mut pids: Vec<u32> = info.owners.iter().map(|o| o.pid).collect();
+    pids.sort_unstable();
+    let mut expected: Vec<u32> = readers.iter().map(Worker::pid).collect();
+    expected.sort_unstable();
+    assert_eq!(pids, expected, "{info:?}");
+    let info = client.inspect(&exclusive).await.unwrap().expect("held");
+    let [owner] = info.owners.as_slice() else {
+        panic!("one owner: {info:?}");
+    };
+    assert_eq!(owner.pid, writer.pid());
+    assert_eq!(owner.program, "holder");
+    assert_eq!(owner.name, format!("{}:{}", owner.host, owner.pid));
+    let since = owner.since.expect("a time");
+    assert!(
+        spawned <= since + Duration::from_millis(1) && since <= granted,
+        "{owner:?}"
+    );
+}
+
 #[test]
 fn the_history_checker_reports_a_double_grant() {
     let server = RedisServer::start();

@@ -14,14 +14,10 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
-    history, lock_keys, unique_key, wait_until_async, warm_up,
+    history, lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// Short timeouts so a dead or frozen node is given up on quickly.
 fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
@@ -875,6 +871,79 @@ async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
     got.release().await.unwrap();
 }
 
+/// A lock won beside a contender's minority (a split vote: the contender withdraws what it won
+/// a moment later) is placed on those nodes too once they are free, not left on a bare
+/// majority, where one node losing its key early (its clock stepped ahead) hands the lock to
+/// someone else while it is held: the quick campaign's Redlock overlap (seed 760081). The
+/// contender's grants here expire after 20 ms; the placement tries again for about 60 ms.
+#[tokio::test]
+async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free() {
+    let masters = RedisMasters::start(NODES);
+    let locks = client(masters.urls());
+    let warm = locks.lock(unique_key("redlock:place-warm")).acquire().await;
+    warm.unwrap().release().await.unwrap();
+    let key = unique_key("redlock:place");
+    let lock_key = lock_keys(&key).lock;
+    let contender = &masters.nodes[NODES - 2..];
+    for node in contender {
+        redis::cmd("SET")
+            .arg(&lock_key)
+            .arg("contender")
+            .arg("PX")
+            .arg(20)
+            .query::<()>(&mut node.admin())
+            .unwrap();
+    }
+    let guard = locks.lock(&key).acquire().await.unwrap();
+    let ours = |node: &RedisServer| {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(&lock_key)
+            .query(&mut node.admin())
+            .unwrap();
+        value.is_some_and(|v| v != "contender")
+    };
+    let bound = ms(20 + 62) + lock_tests::SCHEDULING_SLACK;
+    wait_until_async(bound, "the lock placed on the contender's nodes", || {
+        contender.iter().all(ours)
+    })
+    .await;
+    assert!(masters.nodes.iter().all(ours));
+    guard.release().await.unwrap();
+}
+
+/// The gate is a hint for callers that wait, never the answer for one that does not: a lock free
+/// on a majority is granted to a `wait = 0` caller that recently found it held, even while its
+/// gate still has the old holder's copy (a release returns once a majority confirmed it, and the
+/// gate's part may land later). Answering from the gate alone made the same client's next call
+/// after its own release `Contended` (redlock_behaviour's `non_reentrant_nested_call_contends`
+/// failed so in CI).
+#[tokio::test]
+async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
+    let masters = RedisMasters::start(NODES);
+    let holder = client(masters.urls());
+    let caller = patient_client(masters.urls());
+    let key = unique_key("redlock:gate-only");
+    let gate = lock_runtime::__private::gate_of(&key, NODES);
+    let guard = hold_on_all(&holder, &masters, &key).await;
+    match caller.lock(&key).acquire().await {
+        Err(LockError::Contended { .. }) => {}
+        other => panic!("expected Contended while held, got {other:?}"),
+    }
+    // The release reached every node but the gate: the lock is free on four of five.
+    for node in all_but(&masters, gate) {
+        delete_lock(node, &key);
+    }
+    assert!(holds(&masters.nodes[gate], &key), "the gate keeps its copy");
+    let got = caller
+        .lock(&key)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("free on a majority, refused by the gate alone: {e:?}"));
+    wait_on_all(&all_but(&masters, gate), &key).await;
+    got.release().await.unwrap();
+    drop(guard);
+}
+
 /// A waiter listens at the lock's gate node alone, and is woken by its announcement. Listening at
 /// every node woke each waiter once per node, and a waiter woken by another node's message asked
 /// the gate before the gate's own release had landed, was refused and asked again: 13 attempts
@@ -1056,7 +1125,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
             }
         })
         .collect();
-    // Fencing on: every attempt is one script call per node.
+    // Fencing on: every attempt is one call per node (a script or a transaction).
     let locks = LockClient::new(
         config(urls)
             .response_timeout(Duration::from_secs(2))
@@ -1081,7 +1150,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
             .query(&mut masters.nodes[node].admin())
             .unwrap();
     }
-    let calls = |node: &RedisServer| node.command_calls("evalsha");
+    let calls = |node: &RedisServer| node.command_calls("evalsha") + node.command_calls("multi");
     let (gate_calls, held_calls) = (calls(&masters.nodes[gate]), calls(&masters.nodes[held]));
     let events = KeyEvents::watch(&masters.nodes[slow], &lock_key);
     proxy.set_delay(ms(300));

@@ -157,3 +157,59 @@ async fn the_url_password_is_the_masters() {
     }
     assert!(started.elapsed() < wait, "not retried for the wait");
 }
+
+/// `min_replicas(1)` with the replica frozen: a grant's `WAIT` blocks on the master until its
+/// timeout (half the response timeout: 1 s here), on a connection of its own, so a release of
+/// another lock made meanwhile answers while that `WAIT` is still blocked. On the connection
+/// every lock shares, the release queued behind the `WAIT` and answered only after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_a_grant_waiting_for_the_replica_holds_up_no_other_request() {
+    use std::time::Duration;
+    let _turn =
+        behaviour::turn("min_replicas_a_grant_waiting_for_the_replica_holds_up_no_other_request")
+            .await;
+    let set = SentinelSet::shared();
+    let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls())
+        .min_replicas(1)
+        .response_timeout(Duration::from_secs(2));
+    let client = lock_runtime::LockClient::new(config).unwrap();
+    let held = client
+        .lock(lock_tests::unique_key("sentinel:wait-held"))
+        .acquire()
+        .await
+        .unwrap();
+    let blocked = || {
+        set.master().info("clients").lines().any(|l| {
+            l.strip_prefix("blocked_clients:")
+                .is_some_and(|n| n.trim() != "0")
+        })
+    };
+    assert!(!blocked(), "a client is blocked on the master already");
+    set.replica().freeze();
+    let waiting = tokio::spawn(
+        client
+            .lock(lock_tests::unique_key("sentinel:wait-blocked"))
+            .acquire(),
+    );
+    // The grant's `WAIT` is blocked (it waits 1 s for the frozen replica).
+    let start = std::time::Instant::now();
+    while !blocked() && start.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waited = blocked();
+    let released = held.release().await;
+    let still_blocked = blocked();
+    set.replica().thaw();
+    assert!(waited, "the grant's WAIT never blocked on the master");
+    released.unwrap();
+    assert!(
+        still_blocked,
+        "the release answered only once the grant's WAIT had returned"
+    );
+    if let Ok(guard) = lock_tests::bounded(Duration::from_secs(5), "the waiting grant", waiting)
+        .await
+        .unwrap()
+    {
+        guard.release().await.unwrap();
+    }
+}

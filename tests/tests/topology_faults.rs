@@ -440,12 +440,21 @@ async fn calls_until(
             .await
         {
             Ok(guard) => {
+                // The sentinels can kill this connection too, between its connect and its
+                // query: a look that was reset is taken again (a few times at most).
                 let on_watched = tokio::task::block_in_place(|| {
-                    let mut conn = watched.get_connection().unwrap();
-                    redis::cmd("EXISTS")
-                        .arg(&lock)
-                        .query::<bool>(&mut conn)
-                        .unwrap()
+                    let look = || -> redis::RedisResult<bool> {
+                        let mut conn = watched.get_connection()?;
+                        redis::cmd("EXISTS").arg(&lock).query::<bool>(&mut conn)
+                    };
+                    let mut last = None;
+                    for _ in 0..5 {
+                        match look() {
+                            Ok(held) => return held,
+                            Err(e) => last = Some(e),
+                        }
+                    }
+                    panic!("five looks at the watched node failed, the last: {last:?}");
                 });
                 let released = guard.release().await;
                 (released.err().map(|e| format!("release: {e}")), on_watched)

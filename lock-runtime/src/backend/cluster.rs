@@ -24,16 +24,17 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
-use super::redis::{Calls, OpenPubSub, PubSub, Subscriptions, hash_tag};
+use super::redis::{Calls, NodeAddr, OpenPubSub, PubSub, Subscriptions, hash_tag};
 use super::{
-    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem, ExtendOutcome, Mode,
+    Node, NodeView, Subscription, Token, ValidBackend,
 };
-use crate::config::{NodeAddr, Settings};
+use crate::config::{Settings, redact_all};
 use crate::error::{FailureKind, LockError, NodeFailure};
 use crate::wait::WakeRegistry;
 
 pub(crate) struct ClusterNode {
-    /// `cluster(host:port, ...)`: the seeds, for inspection and failures.
+    /// The script calls, over the cluster connection: each goes to the master of its keys' slot.
     calls: Calls,
     client: ClusterClient,
     conn: OnceCell<ClusterConnection>,
@@ -47,8 +48,17 @@ pub(crate) struct ClusterNode {
 /// How long a copy of the slot map is used before it is read again.
 const SLOT_MAP_AGE: Duration = Duration::from_secs(5);
 
-/// Slot ranges and their masters: `(first, last, host, port)`, sorted.
-type SlotMap = Vec<(u16, u16, String, u16)>;
+/// Slot ranges and their masters, sorted.
+type SlotMap = Vec<SlotRange>;
+
+/// The slots `first..=last`, and the master that serves them.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct SlotRange {
+    first: u16,
+    last: u16,
+    host: String,
+    port: u16,
+}
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (or of the whole key), modulo
 /// 16384.
@@ -82,18 +92,21 @@ impl std::fmt::Debug for ClusterNode {
 }
 
 /// The cluster client's settings: each request is bounded by the client's own timeouts, and
-/// redirections and a failover's slot-map refresh are retried a few times within them.
-fn builder(
-    seeds: &[redis::ConnectionInfo],
-    connect_timeout: Duration,
-    response_timeout: Duration,
-) -> ClusterClientBuilder {
-    ClusterClientBuilder::new(seeds.to_vec())
-        .connection_timeout(connect_timeout)
-        .response_timeout(response_timeout)
+/// redirections and a failover's slot-map refresh are retried a few times within them. The
+/// certificates of `tls_root_ca` / `tls_client_cert` go to every node the client learns of.
+fn builder(seeds: &[redis::ConnectionInfo], settings: &Settings) -> ClusterClientBuilder {
+    let builder = ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(settings.connect_timeout)
+        .response_timeout(settings.response_timeout)
         .retries(4)
         .min_retry_wait(10)
-        .max_retry_wait(200)
+        .max_retry_wait(200);
+    #[cfg(feature = "tls")]
+    let builder = match settings.tls.redis() {
+        Some(certs) => builder.certs(certs),
+        None => builder,
+    };
+    builder
 }
 
 impl ClusterNode {
@@ -105,18 +118,15 @@ impl ClusterNode {
     ) -> Result<Self, LockError> {
         let invalid = |e: RedisError| LockError::config("seed_urls", e.category().to_owned());
         let infos: Vec<redis::ConnectionInfo> = seeds.iter().map(|s| s.info.clone()).collect();
-        let (connect_timeout, response_timeout) =
-            (settings.connect_timeout, settings.response_timeout);
-        let client = builder(&infos, connect_timeout, response_timeout)
-            .build()
-            .map_err(invalid)?;
+        let client = builder(&infos, settings).build().map_err(invalid)?;
         // Checked here, used on the notification task.
-        builder(&infos, connect_timeout, response_timeout)
+        builder(&infos, settings)
             .use_protocol(redis::ProtocolVersion::RESP3)
             .build()
             .map_err(invalid)?;
+        let notify_settings = settings.clone();
         let open: OpenPubSub = Box::new(move |on_push| {
-            let notify = builder(&infos, connect_timeout, response_timeout)
+            let notify = builder(&infos, &notify_settings)
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(move |push| on_push(push))
                 .build();
@@ -128,6 +138,7 @@ impl ClusterNode {
         let names: Vec<&str> = seeds.iter().map(|s| s.name.as_str()).collect();
         Ok(ClusterNode {
             calls: Calls::new(
+                // `cluster(host:port, ...)`: the seeds, for inspection and failures.
                 format!("cluster({})", names.join(", ")),
                 settings,
                 "SPUBLISH",
@@ -135,7 +146,7 @@ impl ClusterNode {
             ),
             client,
             conn: OnceCell::new(),
-            connect_bound: connect_timeout.saturating_add(response_timeout),
+            connect_bound: settings.request_timeout(),
             subs: Subscriptions::new(open, wakers, settings),
             slot_map: Mutex::new(None),
         })
@@ -146,10 +157,10 @@ impl ClusterNode {
     async fn slot_map(&self, conn: &ClusterConnection) -> Option<Arc<SlotMap>> {
         {
             let cached = self.slot_map.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((at, map)) = cached.as_ref() {
-                if at.elapsed() < SLOT_MAP_AGE {
-                    return Some(Arc::clone(map));
-                }
+            if let Some((at, map)) = cached.as_ref()
+                && at.elapsed() < SLOT_MAP_AGE
+            {
+                return Some(Arc::clone(map));
             }
         }
         let mut conn = conn.clone();
@@ -220,12 +231,28 @@ impl ClusterNode {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
-        let calls = groups.iter().map(|(slot, members)| async move {
+        self.on_groups(names, groups, |subset| async move {
+            self.calls.release(conn, &subset, token, mode, wake).await
+        })
+        .await
+    }
+
+    /// Runs `call` on the keys of each slot group at once; `Ok(true)` when every group answered
+    /// that all its keys were ours.
+    async fn on_groups<F, Fut>(
+        &self,
+        names: &[Arc<str>],
+        groups: &[(u16, Vec<usize>)],
+        call: F,
+    ) -> Result<bool, NodeFailure>
+    where
+        F: Fn(Vec<Arc<str>>) -> Fut,
+        Fut: Future<Output = Result<bool, NodeFailure>>,
+    {
+        let calls = groups.iter().map(|(slot, members)| {
             let subset: Vec<Arc<str>> = members.iter().map(|&i| Arc::clone(&names[i])).collect();
-            self.calls
-                .release(conn, &subset, token, mode, wake)
-                .await
-                .map_err(|f| self.at_slot(*slot, f))
+            let call = call(subset);
+            async move { call.await.map_err(|f| self.at_slot(*slot, f)) }
         });
         let mut all_ours = true;
         let mut failure = None;
@@ -243,6 +270,10 @@ impl ClusterNode {
 }
 
 impl Node for ClusterNode {
+    fn hand_off_is_a_grant(&self) -> bool {
+        false
+    }
+
     fn addr(&self) -> &str {
         &self.calls.addr
     }
@@ -435,6 +466,24 @@ impl Node for ClusterNode {
         })
     }
 
+    fn keep<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        left: Duration,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(async move {
+            let conn = self.conn().await?;
+            let groups = self.by_slot(names);
+            // Each slot's keys are kept (or found not ours) on their own: a group found not ours
+            // makes the release `Lost`, whatever the others did.
+            self.on_groups(names, &groups, |subset| async move {
+                self.calls.keep(conn, &subset, token, left).await
+            })
+            .await
+        })
+    }
+
     fn raise_fences<'a>(
         &'a self,
         names: &'a [Arc<str>],
@@ -475,8 +524,8 @@ enum Batch {
 /// The master serving `slot` in `map`.
 fn master_of(map: &SlotMap, slot: u16) -> Option<(&str, u16)> {
     map.iter()
-        .find(|(first, last, ..)| (*first..=*last).contains(&slot))
-        .map(|(_, _, host, port)| (host.as_str(), *port))
+        .find(|range| (range.first..=range.last).contains(&slot))
+        .map(|range| (range.host.as_str(), range.port))
 }
 
 /// `CLUSTER SLOTS`: `[[first, last, [host, port, ..], replicas..], ..]`.
@@ -496,7 +545,12 @@ fn parse_slots(value: Value) -> Option<SlotMap> {
         };
         let host: String = redis::from_redis_value_ref(master.first()?).ok()?;
         let port: u16 = redis::from_redis_value_ref(master.get(1)?).ok()?;
-        map.push((first, last, host, port));
+        map.push(SlotRange {
+            first,
+            last,
+            host,
+            port,
+        });
     }
     map.sort();
     Some(map)
@@ -569,6 +623,47 @@ impl PubSub for Sharded {
             });
             join_all(all).await.into_iter().collect()
         })
+    }
+}
+
+/// What [`LockConfig::cluster`](crate::LockConfig::cluster) stores.
+#[derive(Clone)]
+pub(crate) struct ClusterConfig {
+    pub(crate) seed_urls: Vec<String>,
+}
+
+impl BackendConfig for ClusterConfig {
+    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
+        let seeds =
+            NodeAddr::parse_all("seed_urls", &self.seed_urls, "must name at least one node")?;
+        Ok(Box::new(ValidCluster { seeds }))
+    }
+
+    fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cluster([{}])", redact_all(&self.seed_urls))
+    }
+}
+
+struct ValidCluster {
+    seeds: Vec<NodeAddr>,
+}
+
+impl ValidBackend for ValidCluster {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cluster
+    }
+
+    fn uses_tls(&self) -> bool {
+        self.seeds.iter().any(NodeAddr::uses_tls)
+    }
+
+    fn has_replicas(&self) -> bool {
+        true
+    }
+
+    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        let node = ClusterNode::new(&self.seeds, settings, wakers)?;
+        Ok(Backend::One(Arc::new(node)))
     }
 }
 

@@ -6,11 +6,40 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    Ask, AtOnce, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription,
-    Token,
+    Ask, AtOnce, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem,
+    ExtendOutcome, Mode, Node, NodeView, Subscription, Token, ValidBackend,
 };
-use crate::error::NodeFailure;
+use crate::config::Settings;
+use crate::error::{LockError, NodeFailure};
 use crate::wait::WakeRegistry;
+
+/// What [`LockConfig::in_memory`](crate::LockConfig::in_memory) stores: nothing to check.
+#[derive(Clone)]
+pub(crate) struct InMemory;
+
+impl BackendConfig for InMemory {
+    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
+        Ok(Box::new(InMemory))
+    }
+
+    fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("in_memory")
+    }
+}
+
+impl ValidBackend for InMemory {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Memory
+    }
+
+    fn uses_tls(&self) -> bool {
+        false
+    }
+
+    fn build(&self, _: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        Ok(Backend::One(Arc::new(MemoryNode::new(wakers))))
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct MemoryNode {
@@ -160,21 +189,36 @@ impl MemoryNode {
                 None => ExtendOutcome::NotOwned { index: 0 },
             };
         }
-        for (index, name) in item.names.iter().enumerate() {
-            if !state
-                .live(name, now)
-                .is_some_and(|entry| entry.token == *item.token)
-            {
-                return ExtendOutcome::NotOwned { index };
-            }
+        match expire_in(&mut state, item.names, item.token, item.ttl, now) {
+            Ok(()) => ExtendOutcome::Extended,
+            Err(index) => ExtendOutcome::NotOwned { index },
         }
-        for name in item.names {
-            if let Some(entry) = state.held.get_mut(&**name) {
-                entry.expires = now.checked_add(item.ttl).unwrap_or(entry.expires);
-            }
-        }
-        ExtendOutcome::Extended
     }
+}
+
+/// Sets every key of an exclusive lock of `token` to expire `ttl` from `now`, or, when the key at
+/// `Err(index)` is not ours, none.
+fn expire_in(
+    state: &mut State,
+    names: &[Arc<str>],
+    token: &Token,
+    ttl: Duration,
+    now: Instant,
+) -> Result<(), usize> {
+    for (index, name) in names.iter().enumerate() {
+        if !state
+            .live(name, now)
+            .is_some_and(|entry| entry.token == *token)
+        {
+            return Err(index);
+        }
+    }
+    for name in names {
+        if let Some(entry) = state.held.get_mut(&**name) {
+            entry.expires = now.checked_add(ttl).unwrap_or(entry.expires);
+        }
+    }
+    Ok(())
 }
 
 /// An exclusive lock on every key of `names`, or none.
@@ -431,17 +475,19 @@ impl Node for MemoryNode {
         let mut state = self.state();
         let queued = state.queue(name, now).map_or(0, |q| q.len());
         let held = match state.live(name, now) {
-            Some(entry) => Some((entry.expires - now, 1)),
+            Some(entry) => Some((entry.expires - now, 1, vec![entry.token.owner()])),
             None => state.held_group(name, now).map(|g| {
                 let last = g.holders.values().max().copied().unwrap_or(now);
-                (last - now, g.holders.len())
+                let owners = g.holders.keys().map(Token::owner).collect();
+                (last - now, g.holders.len(), owners)
             }),
         };
-        let view = held.map(|(remaining, holders)| NodeView {
+        let view = held.map(|(remaining, holders, owners)| NodeView {
             remaining: Some(remaining),
             fence: state.fences.get(name).copied(),
             holders,
             queued,
+            owners,
         });
         Box::pin(std::future::ready(Ok(view)))
     }
@@ -484,6 +530,16 @@ impl Node for MemoryNode {
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
         let ours = self.release_at_once(names, token, mode, wake, Instant::now());
+        Box::pin(std::future::ready(Ok(ours)))
+    }
+
+    fn keep<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        left: Duration,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        let ours = self.keep_at_once(names, token, left, Instant::now());
         Box::pin(std::future::ready(Ok(ours)))
     }
 
@@ -585,6 +641,18 @@ impl AtOnce for MemoryNode {
             None => {}
         }
         released.len() == names.len()
+    }
+
+    fn keep_at_once(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        left: Duration,
+        now: Instant,
+    ) -> bool {
+        // Nobody is woken: the key is not free; waiters retry when it expires (their pause is
+        // capped by its time to live).
+        expire_in(&mut self.state(), names, token, left, now).is_ok()
     }
 }
 

@@ -1,14 +1,18 @@
 //! Where locks live. A backend implements [`Node`] once per server and owns its key layout; the
-//! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several.
+//! rest of the crate sees a [`Backend`]: one node, or a quorum (Redlock) over several. Each
+//! backend's file also holds its configuration, its validation and how it is built (the traits
+//! of `setup.rs`); its constructor is a line of `config/mod.rs`.
 
 mod cluster;
-#[cfg(feature = "etcd")]
 mod etcd;
+mod fences;
 mod memory;
 mod redis;
 mod redlock;
 pub(crate) mod scripts;
 mod sentinel;
+mod setup;
+mod wait_pool;
 
 use std::fmt;
 use std::pin::Pin;
@@ -16,16 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::NodeFailure;
+use crate::owner::Identity;
 
-pub(crate) use cluster::ClusterNode;
+pub(crate) use cluster::ClusterConfig;
+pub(crate) use etcd::EtcdConfig;
 #[cfg(feature = "etcd")]
-pub(crate) use etcd::{EtcdAddrs, EtcdNode};
-pub(crate) use memory::MemoryNode;
-pub(crate) use redis::RedisNode;
+pub use etcd::etcd_lock_name;
+pub(crate) use memory::InMemory;
 pub use redis::{KeyKind, lock_name_of, redis_key, redis_keys};
-pub(crate) use redlock::Quorum;
+pub(crate) use redis::{SingleConfig, decode_inspect};
 pub use redlock::gate_of;
-pub(crate) use sentinel::SentinelNode;
+pub(crate) use redlock::{Quorum, RedlockConfig};
+pub(crate) use sentinel::SentinelConfig;
+pub(crate) use setup::{BackendConfig, BackendKind, ValidBackend};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -60,6 +67,17 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>>;
 
+    /// Leaves every key of `names` that `token` holds (an exclusive lock) to expire in `left`
+    /// instead of deleting it, and wakes nobody: the release of a lock whose `min_hold` has not
+    /// passed. `left` may be longer or shorter than the key's time to live. `Ok(true)` when all
+    /// of them were ours (then each expires in `left`; otherwise none was changed).
+    fn keep<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        left: Duration,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>>;
+
     /// Raises each key's fence counter to at least its value in `fences` (Redlock fencing
     /// write-back).
     fn raise_fences<'a>(
@@ -89,6 +107,15 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
 
     /// The node's address (never with credentials), for inspection.
     fn addr(&self) -> &str;
+
+    /// Whether a fair hand-off's message may stand for the grant it announces. False where the
+    /// server that sent it may no longer be the one that decides (Sentinel, Cluster: a deposed
+    /// master can still publish a hand-off it made before the failover, and the promoted
+    /// replica may never have seen it): the waiter then asks the current master, which finds
+    /// the lock the waiter's if the hand-off reached it.
+    fn hand_off_is_a_grant(&self) -> bool {
+        true
+    }
 }
 
 /// The requests of a node that answers at once (see [`Node::at_once`]): the same as
@@ -111,6 +138,14 @@ pub(crate) trait AtOnce {
         wake: bool,
         now: std::time::Instant,
     ) -> bool;
+
+    fn keep_at_once(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        left: Duration,
+        now: std::time::Instant,
+    ) -> bool;
 }
 
 /// One node's view of a held lock.
@@ -124,6 +159,8 @@ pub(crate) struct NodeView {
     pub(crate) holders: usize,
     /// Waiters in a fair lock's queue with a live lease.
     pub(crate) queued: usize,
+    /// The live holders' owner records that could be read.
+    pub(crate) owners: Vec<crate::owner::Owner>,
 }
 
 /// A waiter's interest in one node's release notifications for one lock.
@@ -204,23 +241,51 @@ pub(crate) struct Ask {
     pub(crate) waits: Duration,
 }
 
-/// The secret that proves ownership of one acquisition: a random (v4) UUID, 122 bits from a
-/// CSPRNG the OS seeds (uuid's `fast-rng`: no system call per token). Never printed:
-/// `Debug` hides it.
-/// Kept inline as its 32 hex digits (what Redis stores): no allocation per token.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Token([u8; 32]);
+/// How many bytes of a holder value are the secret: a token's 32 hex digits.
+pub(crate) const TOKEN_SECRET_LEN: usize = 32;
+
+/// What proves ownership of one acquisition, and the value its grant writes: a secret, a random
+/// (v4) UUID's 32 hex digits (122 bits from a CSPRNG the OS seeds, uuid's `fast-rng`: no system
+/// call per token), then the asking client's owner record (see [`crate::owner`]), which
+/// `inspect` reads back without the secret. Never printed: `Debug` hides it.
+///
+/// The value is written out on first use (a server request) and shared by the clones made
+/// after: in memory, where no request is made, a token costs no allocation. Tokens are equal
+/// when their secrets are.
+#[derive(Clone)]
+pub(crate) struct Token {
+    secret: [u8; TOKEN_SECRET_LEN],
+    /// When the holder asked, for the record (made a wall-clock time when it is written out).
+    asked: std::time::Instant,
+    identity: Identity,
+    value: std::sync::OnceLock<Arc<str>>,
+}
 
 impl Token {
-    pub(crate) fn new() -> Self {
-        let mut hex = [0u8; 32];
-        uuid::Uuid::new_v4().simple().encode_lower(&mut hex);
-        Token(hex)
+    /// A token of `identity` for an acquisition asked for at `asked`.
+    pub(crate) fn new(identity: &Identity, asked: std::time::Instant) -> Self {
+        let mut secret = [0u8; TOKEN_SECRET_LEN];
+        uuid::Uuid::new_v4().simple().encode_lower(&mut secret);
+        Token {
+            secret,
+            asked,
+            identity: identity.clone(),
+            value: std::sync::OnceLock::new(),
+        }
     }
 
+    /// The whole value: what the servers store and compare.
     pub(crate) fn as_str(&self) -> &str {
-        // Always ASCII hex digits.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        self.value.get_or_init(|| {
+            // Always ASCII hex digits.
+            let secret = std::str::from_utf8(&self.secret).unwrap_or_default();
+            self.identity.value(secret, wall_clock(self.asked)).into()
+        })
+    }
+
+    /// Who asked for it, as its value records it.
+    pub(crate) fn owner(&self) -> crate::owner::Owner {
+        self.identity.owner(wall_clock(self.asked))
     }
 
     /// The first 64 bits of the token's SHA-1: how a fair hand-off names its new holder in a
@@ -230,6 +295,36 @@ impl Token {
         let mut first = [0u8; 8];
         first.copy_from_slice(&sha[..8]);
         u64::from_be_bytes(first)
+    }
+}
+
+/// The wall-clock time of `at`: the wall clock read once per process, plus the monotonic time
+/// since. A fixed mapping, so that every clone of a token writes the same value (a mapping read
+/// at each write put different milliseconds in two clones of one token, and a node then took
+/// the holder's own release for another token's); the record's time does not follow a wall
+/// clock stepped after the first lock.
+fn wall_clock(at: std::time::Instant) -> std::time::SystemTime {
+    static ANCHOR: std::sync::LazyLock<(std::time::Instant, std::time::SystemTime)> =
+        std::sync::LazyLock::new(|| (std::time::Instant::now(), std::time::SystemTime::now()));
+    let (instant, wall) = *ANCHOR;
+    if at >= instant {
+        wall + (at - instant)
+    } else {
+        wall.checked_sub(instant - at).unwrap_or(wall)
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        self.secret == other.secret
+    }
+}
+
+impl Eq for Token {}
+
+impl std::hash::Hash for Token {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.secret.hash(state);
     }
 }
 
@@ -379,6 +474,20 @@ impl Backend {
         }
     }
 
+    /// [`Node::keep`] on the node, or under Redlock on every node (the quorum rule as for
+    /// [`release`](Self::release)).
+    pub(crate) async fn keep(
+        &self,
+        names: &Names,
+        token: &Token,
+        left: Duration,
+    ) -> Result<bool, Vec<NodeFailure>> {
+        match self {
+            Backend::One(node) => node.keep(names, token, left).await.map_err(|f| vec![f]),
+            Backend::Quorum(quorum) => quorum.keep(names, token, left).await,
+        }
+    }
+
     /// Every node, in config order.
     pub(crate) fn nodes(&self) -> Vec<Arc<dyn Node>> {
         match self {
@@ -444,16 +553,51 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// Milliseconds for Redis, rounded up: a key kept for `min_hold` never expires before it.
+pub(crate) fn millis_up(d: Duration) -> u64 {
+    millis(d.saturating_add(Duration::from_nanos(999_999)))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Token;
+    use super::{Identity, TOKEN_SECRET_LEN, Token};
+
+    /// Two clones of a token write their value out at different moments: the time in it must
+    /// not depend on when (it did, and a node took the holder's own release for another
+    /// token's: Redlock transfers waited out their 5 s wait).
+    #[test]
+    fn a_tokens_time_is_a_fixed_mapping_of_its_instant() {
+        let at = std::time::Instant::now();
+        let first = super::wall_clock(at);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(first, super::wall_clock(at));
+    }
+
+    #[test]
+    fn every_clone_of_a_token_writes_the_same_value() {
+        let identity = Identity::new(None);
+        for _ in 0..2_000 {
+            let a = Token::new(&identity, std::time::Instant::now());
+            let b = a.clone();
+            // Written out at different moments: the same value all the same.
+            let first = a.as_str().to_owned();
+            std::hint::black_box(std::time::SystemTime::now());
+            assert_eq!(first, b.as_str());
+        }
+    }
 
     #[test]
     fn tokens_are_random_and_hidden() {
-        let (a, b) = (Token::new(), Token::new());
-        assert_eq!(a.as_str().len(), 32);
-        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-        assert!(!format!("{a:?}").contains(a.as_str()));
+        let identity = Identity::new(None);
+        let now = std::time::Instant::now();
+        let (a, b) = (Token::new(&identity, now), Token::new(&identity, now));
+        let secret = &a.as_str()[..TOKEN_SECRET_LEN];
+        assert!(secret.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(secret, &b.as_str()[..TOKEN_SECRET_LEN]);
+        assert!(!format!("{a:?}").contains(secret));
+        let Some(owner) = crate::owner::of_value(a.as_str().as_bytes()) else {
+            panic!("no owner record after the secret");
+        };
+        assert_eq!(owner.pid, std::process::id());
     }
 }

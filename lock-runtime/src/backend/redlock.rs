@@ -16,9 +16,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
-use super::{Ask, Attempt, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Subscription, Token};
-use crate::error::NodeFailure;
+use super::redis::{NodeAddr, RedisNode, ValidSingle};
+use super::{
+    Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendOutcome, Mode, Names, Node,
+    OwnedExtendItem, Subscription, Token, ValidBackend,
+};
+use crate::config::{Settings, redact_all};
+use crate::error::{LockError, NodeFailure};
 use crate::signal::Signal;
+use crate::wait::WakeRegistry;
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
@@ -184,6 +190,9 @@ async fn acquire_on(
         verdict.wait_for(Option::is_some).await.as_deref(),
         Ok(Some(true))
     );
+    if keep && held_by_another {
+        place_after_a_split(&*node, &names, &token, ask).await;
+    }
     if !keep && !held_by_another {
         // Withdrawn, not released: these grants never were a lock, so no release is published.
         // An announcement would wake every waiter, the withdrawing one included, into another
@@ -197,15 +206,53 @@ async fn acquire_on(
     drop(step);
 }
 
+/// The pauses before each new try to place a won lock on a node that another token held when it
+/// was asked: about 60 ms in all.
+const PLACE_RETRIES: [Duration; 5] = [
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(8),
+    Duration::from_millis(16),
+    Duration::from_millis(32),
+];
+
+/// Places a won lock on a node that another token held when the acquire asked it: after a split
+/// vote, that is a contender withdrawing what it won, within a few round trips. Without it the
+/// lock would sit on a bare majority, where one node that loses its key early (its clock stepped
+/// ahead, a restart) hands the lock to someone else while it is held. Tries again a few times,
+/// without queueing, and gives up (the lock is held by a majority all the same) when the node
+/// stays held, fails, or the lock is no longer wanted there (the holder's release waits for this
+/// step on this node only).
+async fn place_after_a_split(node: &dyn Node, names: &Names, token: &Token, ask: Ask) {
+    let ask = Ask {
+        queue: false,
+        waits: Duration::ZERO,
+        ..ask
+    };
+    for pause in PLACE_RETRIES {
+        tokio::time::sleep(pause).await;
+        match node.acquire(names, token, ask).await {
+            Ok(Attempt::Held { .. }) => {}
+            // Placed, or the node cannot take it: nothing more to do.
+            Ok(_) | Err(_) => return,
+        }
+    }
+}
+
 impl Quorum {
     pub(crate) fn new(nodes: Vec<Arc<dyn Node>>) -> Self {
         Quorum {
-            quorum: nodes.len() / 2 + 1,
+            quorum: Quorum::majority(nodes.len()),
             nodes,
             tasks: TaskTracker::new(),
             in_flight: Arc::default(),
             contended: Mutex::default(),
         }
+    }
+
+    /// How many of `nodes` nodes are a majority: what every decision over them needs.
+    pub(crate) fn majority(nodes: usize) -> usize {
+        nodes / 2 + 1
     }
 
     /// Starts an operation of `token`: one step per node, in node order.
@@ -245,7 +292,10 @@ impl Quorum {
     /// all of them (a split vote wins nobody the lock and costs every contender a retry). The gate
     /// costs one round trip more, so an uncontended lock skips it; a gate that does not answer
     /// within [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked
-    /// then, and its answer counts when it comes.
+    /// then, and its answer counts when it comes. A caller that does not wait if refused (its
+    /// wait is over, or zero) skips the gate: the gate's "held" alone would refuse a lock that a
+    /// majority has already let go.
+    ///
     /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
     /// lock excludes another. A fair lock is a line on each node; the lock is granted like any
     /// other, by a majority, so the lines only order the waiters: while the lock is contended its
@@ -288,7 +338,10 @@ impl Quorum {
                 .spawn(acquire_on(node, step, names, token, ask, reply_tx, verdict));
         };
         let mut first = None;
-        if n > 1 && self.contended_recently(&names[0]) {
+        // The gate's "held" is one node's word: a hint to wait for its announcement, never the
+        // answer for a caller that does not wait (a release returns once a majority confirmed
+        // it, and its part on the gate may land later; the lock is free all the same).
+        if n > 1 && ask.queue && self.contended_recently(&names[0]) {
             if let Some(step) = steps[gate].take() {
                 spawn(step);
             }
@@ -392,11 +445,12 @@ impl Quorum {
             }
         }
         let mut acquired = won >= self.quorum;
-        if acquired && fencing {
-            if let Err(raise_failures) = self.raise_fences(names, &fences).await {
-                acquired = false;
-                failures = raise_failures;
-            }
+        if acquired
+            && fencing
+            && let Err(raise_failures) = self.raise_fences(names, &fences).await
+        {
+            acquired = false;
+            failures = raise_failures;
         }
         verdict_tx.send_replace(Some(acquired));
         let ticket = gate_ticket.or(other_ticket);
@@ -576,18 +630,42 @@ impl Quorum {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
+        self.on_every_node(names, token, move |node, names, token| {
+            Box::pin(async move { node.release(&names, &token, mode, wake).await })
+        })
+        .await
+    }
+
+    /// [`Node::keep`] on every node, settled as [`release`](Self::release) is: the keys then
+    /// expire `left` from now on a quorum (each node counts from when it ran the call).
+    pub(crate) async fn keep(
+        &self,
+        names: &Names,
+        token: &Token,
+        left: Duration,
+    ) -> Result<bool, Vec<NodeFailure>> {
+        self.on_every_node(names, token, move |node, names, token| {
+            Box::pin(async move { node.keep(&names, &token, left).await })
+        })
+        .await
+    }
+
+    /// Runs `call` (one request that answers whether all the keys were ours) on every node, each
+    /// in its own task, and returns once a quorum said "ours" or "not ours".
+    async fn on_every_node(
+        &self,
+        names: &Names,
+        token: &Token,
+        call: impl Fn(Arc<dyn Node>, Names, Token) -> BoxFuture<'static, Result<bool, NodeFailure>>,
+    ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
-            let (node, names, token, tx) = (
-                Arc::clone(node),
-                Arc::clone(names),
-                token.clone(),
-                tx.clone(),
-            );
+            let request = call(Arc::clone(node), Arc::clone(names), token.clone());
+            let tx = tx.clone();
             // Its own task, so each node completes even if nobody waits.
             self.tasks.spawn(async move {
                 step.after_previous().await;
-                let reply = node.release(&names, &token, mode, wake).await;
+                let reply = request.await;
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
@@ -636,9 +714,9 @@ impl Quorum {
     ///
     /// Listening on every node woke each waiter once per node that released, and a waiter woken
     /// by another node's message asked the gate before the gate's own release had landed, was
-    /// refused, and asked again: 13 attempts on the gate per hand-off with 8 clients on one key,
-    /// where 8 are enough, plus a subscription and an unsubscription on five nodes per wait
-    /// (peer-bench C8: 880 sections/s before, see the README for after).
+    /// refused, and asked again: more attempts on the gate per hand-off than one per waiter, plus a
+    /// subscription and an unsubscription on every node per wait (measured by `peer-bench` C8;
+    /// the figures are in the README's table).
     ///
     /// A gate that does not confirm (down, frozen) is replaced by
     /// [`watch_others`](Self::watch_others); one that goes down after confirming misses the
@@ -662,5 +740,74 @@ impl Quorum {
             .map(|(_, node)| node.watch(name))
             .collect();
         (subs, self.quorum)
+    }
+}
+
+/// What [`LockConfig::redlock`](crate::LockConfig::redlock) stores.
+#[derive(Clone)]
+pub(crate) struct RedlockConfig {
+    pub(crate) urls: Vec<String>,
+}
+
+impl BackendConfig for RedlockConfig {
+    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
+        if self.urls.is_empty() {
+            return Err(LockError::config("urls", "must name at least one node"));
+        }
+        let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.urls.len());
+        for url in &self.urls {
+            let node = NodeAddr::parse("urls", url)?;
+            if nodes.iter().any(|n| n.same_node(&node)) {
+                return Err(LockError::config(
+                    "urls",
+                    format!("names node {} twice", node.name),
+                ));
+            }
+            nodes.push(node);
+        }
+        match <[NodeAddr; 1]>::try_from(nodes) {
+            // Redlock over one node is that node: a single node in every respect.
+            Ok([addr]) => Ok(Box::new(ValidSingle {
+                addr,
+                field: "urls",
+            })),
+            Err(nodes) => Ok(Box::new(ValidRedlock { nodes })),
+        }
+    }
+
+    fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redlock([{}])", redact_all(&self.urls))
+    }
+}
+
+/// Two nodes or more.
+struct ValidRedlock {
+    nodes: Vec<NodeAddr>,
+}
+
+impl ValidBackend for ValidRedlock {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Redlock
+    }
+
+    fn uses_tls(&self) -> bool {
+        self.nodes.iter().any(NodeAddr::uses_tls)
+    }
+
+    /// A token costs a write-back round trip per acquire here (see `LockConfig::fencing`).
+    fn fencing_default(&self) -> bool {
+        false
+    }
+
+    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|addr| -> Result<Arc<dyn Node>, LockError> {
+                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers))?;
+                Ok(Arc::new(node))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Backend::Quorum(Quorum::new(nodes)))
     }
 }

@@ -424,7 +424,9 @@ return 0
 });
 
 /// What a node knows of a lock. KEYS: lock, fence, queue leases. Returns `{-2}` when the lock
-/// is not held, else `{pttl, fence (-1: none), live holders, live queued waiters}`.
+/// is not held, else `{pttl, fence (-1: none), live holders, live queued waiters, record...}`:
+/// then each live holder's owner record (its value, or its member of a shared lock or
+/// semaphore, without the token's secret: the first 32 bytes never leave the server).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, F, E = KEYS[1], KEYS[2], KEYS[3]\n",
@@ -433,14 +435,21 @@ pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
 local pttl = redis.call('PTTL', K)
 if pttl == -2 then return {-2} end
 local holders = 1
+local records = {}
 if redis.call('TYPE', K).ok == 'zset' then
-  holders = redis.call('ZCOUNT', K, '(' .. now, '(inf')
-  local w = redis.call('ZSCORE', K, '#w')
-  if w and tonumber(w) > now then holders = holders - 1 end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', K, '(' .. now, '(inf')) do
+    if m ~= '#w' then records[#records + 1] = string.sub(m, 33) end
+  end
+  holders = #records
   if holders == 0 then return {-2} end
+else
+  local value = redis.pcall('GET', K)
+  if type(value) == 'string' then records[1] = string.sub(value, 33) end
 end
 local fence = tonumber(redis.pcall('GET', F)) or -1
-return {pttl, fence, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}
+local reply = {pttl, fence, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}
+for _, r in ipairs(records) do reply[#reply + 1] = r end
+return reply
 ",
     ])
 });

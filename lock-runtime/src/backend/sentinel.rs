@@ -10,17 +10,19 @@
 //! woken to retry at once.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
 
-use super::redis::RedisNode;
+use super::redis::{NodeAddr, RedisNode};
 use super::{
-    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem, ExtendOutcome, Mode,
+    Node, NodeView, Subscription, Token, ValidBackend,
 };
-use crate::config::{NodeAddr, Settings};
+use crate::config::{Settings, redact_all};
 use crate::error::{FailureKind, LockError, NodeFailure};
 use crate::wait::WakeRegistry;
 
@@ -28,15 +30,25 @@ pub(crate) struct SentinelNode {
     /// `sentinel(<master name>)`.
     label: String,
     master_name: String,
-    /// The sentinels' addresses, without credentials.
-    sentinels: Vec<ConnectionInfo>,
-    /// The first URL: scheme, credentials and database for the master.
+    sentinels: Vec<Sentinel>,
+    /// The first URL: scheme, credentials (or `master_auth`'s) and database for the master.
     master_template: ConnectionInfo,
     settings: Settings,
     wakers: Arc<WakeRegistry>,
     current: Mutex<Current>,
     /// One lookup at a time; callers that waited for one use its result.
     lookup: tokio::sync::Mutex<()>,
+}
+
+/// How to reach one sentinel (with the TLS certificates, no database).
+struct Sentinel {
+    /// Without credentials: a sentinel that asks for none would refuse `AUTH`.
+    plain: ConnectionInfo,
+    /// With its URL's user and password, if it has any: used once the sentinel answered
+    /// `NOAUTH` (it has `requirepass`, or its default user is off).
+    auth: Option<ConnectionInfo>,
+    /// It answered `NOAUTH`: later lookups authenticate at once.
+    asks_auth: AtomicBool,
 }
 
 /// How long a master the sentinels named is used without asking them again.
@@ -72,18 +84,47 @@ impl SentinelNode {
                 "must name at least one sentinel",
             ));
         };
+        let invalid = |e: redis::RedisError| LockError::config("sentinel_urls", e.category());
+        let sentinel_infos = sentinels
+            .iter()
+            .map(|s| {
+                let info = settings.tls.apply(s.info.clone()).map_err(invalid)?;
+                let url = info.redis_settings();
+                let auth = url.password().map(|password| {
+                    let mut auth = RedisConnectionInfo::default().set_password(password);
+                    if let Some(user) = url.username() {
+                        auth = auth.set_username(user);
+                    }
+                    info.clone().set_redis_settings(auth)
+                });
+                Ok(Sentinel {
+                    plain: info
+                        .clone()
+                        .set_redis_settings(RedisConnectionInfo::default()),
+                    auth,
+                    asks_auth: AtomicBool::new(false),
+                })
+            })
+            .collect::<Result<_, LockError>>()?;
+        let mut master_template = first.info.clone();
+        if let Some(auth) = &settings.master_auth {
+            let url = first.info.redis_settings();
+            let mut master = RedisConnectionInfo::default()
+                .set_db(url.db())
+                .set_protocol(url.protocol());
+            if !auth.username.is_empty() {
+                master = master.set_username(&auth.username);
+            }
+            if !auth.password.is_empty() || !auth.username.is_empty() {
+                master = master.set_password(&auth.password);
+            }
+            master_template = master_template.set_redis_settings(master);
+        }
         Ok(SentinelNode {
             label: format!("sentinel({master_name})"),
             master_name: master_name.to_owned(),
-            sentinels: sentinels
-                .iter()
-                .map(|s| {
-                    s.info
-                        .clone()
-                        .set_redis_settings(RedisConnectionInfo::default())
-                })
-                .collect(),
-            master_template: first.info.clone(),
+            sentinels: sentinel_infos,
+            master_template,
             settings: settings.clone(),
             wakers,
             current: Mutex::new(Current::default()),
@@ -184,39 +225,24 @@ impl SentinelNode {
     }
 
     /// `SENTINEL get-master-addr-by-name` on every sentinel at once (each bounded by
-    /// connect_timeout + response_timeout); the address most of them name.
+    /// connect_timeout + response_timeout); the address most of them name. Fails with `Auth`
+    /// when a sentinel refused the credentials (or asked for some and the URL has none), which
+    /// waiting does not fix; otherwise as refused.
     async fn ask_sentinels(&self) -> Result<(String, u16), NodeFailure> {
-        let bound = self
-            .settings
-            .connect_timeout
-            .saturating_add(self.settings.response_timeout);
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.settings.connect_timeout))
-            .set_response_timeout(Some(self.settings.response_timeout));
-        let asks = self.sentinels.iter().map(|info| {
-            let config = config.clone();
-            async move {
-                let ask = async {
-                    let client = redis::Client::open(info.clone())?;
-                    let mut conn = client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?;
-                    redis::cmd("SENTINEL")
-                        .arg("get-master-addr-by-name")
-                        .arg(&self.master_name)
-                        .query_async::<Option<(String, u16)>>(&mut conn)
-                        .await
-                };
-                match tokio::time::timeout(bound, ask).await {
-                    Ok(Ok(Some(addr))) => Ok(addr),
-                    Ok(Ok(None)) => Err(format!(
-                        "{}: knows no master named {}",
-                        info.addr(),
-                        self.master_name
-                    )),
-                    Ok(Err(err)) => Err(format!("{}: {err}", info.addr())),
-                    Err(_) => Err(format!("{}: no answer in time", info.addr())),
-                }
+        let bound = self.settings.request_timeout();
+        let asks = self.sentinels.iter().map(|sentinel| async move {
+            let addr = sentinel.plain.addr().to_string();
+            match tokio::time::timeout(bound, self.ask(sentinel)).await {
+                Ok(Ok(Some(addr))) => Ok(addr),
+                Ok(Ok(None)) => Err(NodeFailure::response(
+                    &addr,
+                    &format!("knows no master named {}", self.master_name),
+                )),
+                Ok(Err(err)) => Err(NodeFailure::from_redis(&addr, &err)),
+                Err(_) => Err(NodeFailure::timeout(
+                    &addr,
+                    "SENTINEL get-master-addr-by-name",
+                )),
             }
         });
         let mut votes: HashMap<(String, u16), usize> = HashMap::new();
@@ -224,18 +250,66 @@ impl SentinelNode {
         for answer in join_all(asks).await {
             match answer {
                 Ok(addr) => *votes.entry(addr).or_default() += 1,
-                Err(why) => errors.push(why),
+                Err(failure) => errors.push(failure),
             }
         }
+        let auth = errors
+            .iter()
+            .any(|f| matches!(f.kind, FailureKind::Auth | FailureKind::Permission));
         votes
             .into_iter()
             .max_by_key(|(_, n)| *n)
             .map(|(addr, _)| addr)
             .ok_or_else(|| NodeFailure {
                 node: self.label.clone(),
-                kind: FailureKind::Refused,
-                detail: format!("no sentinel named the master: {}", errors.join("; ")),
+                kind: if auth {
+                    FailureKind::Auth
+                } else {
+                    FailureKind::Refused
+                },
+                detail: format!(
+                    "no sentinel named the master: {}",
+                    errors
+                        .iter()
+                        .map(|f| format!("{}: {}", f.node, f.detail))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
             })
+    }
+
+    /// One sentinel's answer: without credentials, unless it asked for them before; with its
+    /// URL's once it answers `NOAUTH`.
+    async fn ask(&self, sentinel: &Sentinel) -> redis::RedisResult<Option<(String, u16)>> {
+        let query = |info: &ConnectionInfo| {
+            let info = info.clone();
+            async move {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.settings.connect_timeout))
+                    .set_response_timeout(Some(self.settings.response_timeout));
+                let mut conn = redis::Client::open(info)?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master_name)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            }
+        };
+        let Some(auth) = &sentinel.auth else {
+            return query(&sentinel.plain).await;
+        };
+        if sentinel.asks_auth.load(Ordering::Relaxed) {
+            return query(auth).await;
+        }
+        match query(&sentinel.plain).await {
+            Err(err) if err.code() == Some("NOAUTH") => {
+                sentinel.asks_auth.store(true, Ordering::Relaxed);
+                query(auth).await
+            }
+            answer => answer,
+        }
     }
 
     /// Notes a failed call to `node`: if a failover explains it, the next call looks the
@@ -267,6 +341,10 @@ impl SentinelNode {
 }
 
 impl Node for SentinelNode {
+    fn hand_off_is_a_grant(&self) -> bool {
+        false
+    }
+
     fn addr(&self) -> &str {
         &self.label
     }
@@ -328,6 +406,19 @@ impl Node for SentinelNode {
         }))
     }
 
+    fn keep<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        left: Duration,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(
+            self.on_master(move |node| {
+                Box::pin(async move { node.keep(names, token, left).await })
+            }),
+        )
+    }
+
     fn raise_fences<'a>(
         &'a self,
         names: &'a [Arc<str>],
@@ -350,5 +441,61 @@ impl Node for SentinelNode {
                 keep: None,
             },
         }
+    }
+}
+
+/// What [`LockConfig::sentinel`](crate::LockConfig::sentinel) stores.
+#[derive(Clone)]
+pub(crate) struct SentinelConfig {
+    pub(crate) master_name: String,
+    pub(crate) sentinel_urls: Vec<String>,
+}
+
+impl BackendConfig for SentinelConfig {
+    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
+        if self.master_name.trim().is_empty() {
+            return Err(LockError::config("master_name", "must not be empty"));
+        }
+        Ok(Box::new(ValidSentinel {
+            master_name: self.master_name.clone(),
+            sentinels: NodeAddr::parse_all(
+                "sentinel_urls",
+                &self.sentinel_urls,
+                "must name at least one sentinel",
+            )?,
+        }))
+    }
+
+    fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls = redact_all(&self.sentinel_urls);
+        write!(f, "sentinel({}, [{urls}])", self.master_name)
+    }
+}
+
+struct ValidSentinel {
+    master_name: String,
+    sentinels: Vec<NodeAddr>,
+}
+
+impl ValidBackend for ValidSentinel {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sentinel
+    }
+
+    fn uses_tls(&self) -> bool {
+        self.sentinels.iter().any(NodeAddr::uses_tls)
+    }
+
+    fn has_replicas(&self) -> bool {
+        true
+    }
+
+    fn takes_master_auth(&self) -> bool {
+        true
+    }
+
+    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        let node = SentinelNode::new(&self.master_name, &self.sentinels, settings, wakers)?;
+        Ok(Backend::One(Arc::new(node)))
     }
 }

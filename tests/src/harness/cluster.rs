@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::server::{RedisServer, ServerOptions};
 use super::store::LockStore;
+use super::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, TestCa};
 use super::util::{poll_until, reap_after_exit};
 
 const MASTERS: usize = 3;
@@ -32,6 +33,13 @@ impl RedisCluster {
     /// returns once every node reports `cluster_state:ok`, agrees on the slot owners, and every
     /// replica's link to its master is up (bounded; panics with the logs).
     pub fn start() -> RedisCluster {
+        Self::start_with(ServerOptions::default())
+    }
+
+    /// [`start`](Self::start) with `base` for every node (the cluster's own options are added
+    /// to its `extra_args`). With [`tls`](ServerOptions::tls), clients and the cluster bus
+    /// speak TLS only, and `redis-cli` joins the nodes over TLS.
+    pub fn start_with(base: ServerOptions) -> RedisCluster {
         let opts = ServerOptions {
             extra_args: [
                 "--cluster-enabled",
@@ -50,8 +58,10 @@ impl RedisCluster {
                 "0",
             ]
             .map(str::to_owned)
-            .to_vec(),
-            ..ServerOptions::default()
+            .into_iter()
+            .chain(base.extra_args.iter().cloned())
+            .collect(),
+            ..base.clone()
         };
         let nodes: Vec<RedisServer> = thread::scope(|scope| {
             let handles: Vec<_> = (0..MASTERS * 2)
@@ -66,7 +76,20 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
+        let tls: Vec<std::ffi::OsString> = match &base.tls {
+            None => Vec::new(),
+            Some(ca) => vec![
+                "--tls".into(),
+                "--cacert".into(),
+                ca.file(CA_CERT).into(),
+                "--cert".into(),
+                ca.file(CLIENT_CERT).into(),
+                "--key".into(),
+                ca.file(CLIENT_KEY).into(),
+            ],
+        };
         let out = Command::new("redis-cli")
+            .args(tls)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -89,13 +112,28 @@ impl RedisCluster {
     /// removed, once the test binary exits.
     pub fn shared() -> &'static RedisCluster {
         static SHARED: OnceLock<RedisCluster> = OnceLock::new();
+        SHARED.get_or_init(|| RedisCluster::start().reaped_at_exit())
+    }
+
+    /// Like [`shared`](Self::shared), over TLS with [`TestCa::shared`].
+    pub fn shared_tls() -> &'static RedisCluster {
+        static SHARED: OnceLock<RedisCluster> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let cluster = RedisCluster::start();
-            let pids: Vec<u32> = cluster.nodes.iter().map(RedisServer::pid).collect();
-            let dirs: Vec<&std::path::Path> = cluster.nodes.iter().map(RedisServer::dir).collect();
-            reap_after_exit(&pids, &dirs);
-            cluster
+            RedisCluster::start_with(ServerOptions {
+                tls: Some(TestCa::shared().clone()),
+                ..ServerOptions::default()
+            })
+            .reaped_at_exit()
         })
+    }
+
+    /// Kills the processes, and removes their directories, once the test binary exits (for a
+    /// cluster kept in a `static`, which is never dropped).
+    fn reaped_at_exit(self) -> Self {
+        let pids: Vec<u32> = self.nodes.iter().map(RedisServer::pid).collect();
+        let dirs: Vec<&std::path::Path> = self.nodes.iter().map(RedisServer::dir).collect();
+        reap_after_exit(&pids, &dirs);
+        self
     }
 
     /// Seed URLs: every node.
@@ -264,6 +302,10 @@ impl RedisCluster {
 }
 
 impl LockStore for &'static RedisCluster {
+    fn fails_over(&self) -> bool {
+        true
+    }
+
     fn keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = self
             .masters()
@@ -297,37 +339,39 @@ impl LockStore for &'static RedisCluster {
     }
 }
 
-/// `INFO section`, or `None` when the node does not answer.
-fn try_info(node: &RedisServer, section: &str) -> Option<String> {
-    let client = redis::Client::open(node.url()).ok()?;
-    let mut con = client
+/// A connection to `node` with 500ms timeouts, or `None` when it does not answer.
+fn connect(node: &RedisServer) -> Option<redis::Connection> {
+    let con = node
+        .client()
         .get_connection_with_timeout(Duration::from_millis(500))
         .ok()?;
     con.set_read_timeout(Some(Duration::from_millis(500)))
         .ok()?;
-    redis::cmd("INFO").arg(section).query(&mut con).ok()
+    Some(con)
+}
+
+/// `INFO section`, or `None` when the node does not answer.
+fn try_info(node: &RedisServer, section: &str) -> Option<String> {
+    redis::cmd("INFO")
+        .arg(section)
+        .query(&mut connect(node)?)
+        .ok()
 }
 
 /// `CLUSTER INFO`, or `None` when the node does not answer.
 fn cluster_info(node: &RedisServer) -> Option<String> {
-    let client = redis::Client::open(node.url()).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
-    con.set_read_timeout(Some(Duration::from_millis(500)))
-        .ok()?;
-    redis::cmd("CLUSTER").arg("INFO").query(&mut con).ok()
+    redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut connect(node)?)
+        .ok()
 }
 
 /// `CLUSTER SLOTS` of `node`: first slot -> (last slot, master port).
 fn slot_owners(node: &RedisServer) -> Option<BTreeMap<u16, (u16, u16)>> {
-    let client = redis::Client::open(node.url()).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
+    let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(&mut connect(node)?)
         .ok()?;
-    con.set_read_timeout(Some(Duration::from_millis(500)))
-        .ok()?;
-    let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).ok()?;
     let mut owners = BTreeMap::new();
     for range in slots {
         let redis::Value::Array(parts) = range else {

@@ -27,6 +27,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
+use super::tls::{SERVER_CERT, SERVER_KEY, TestCa};
 use super::util::free_port;
 
 /// Overrides the `etcd` binary (default: the one on `PATH`).
@@ -41,6 +42,9 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 struct Member {
     name: String,
     client_port: u16,
+    /// With TLS: the `https://` client port the lock clients use (`client_port` stays plain
+    /// HTTP, for the harness's own reads).
+    tls_port: Option<u16>,
     peer_port: u16,
     child: Option<Child>,
     watchdog: Option<Child>,
@@ -52,12 +56,24 @@ pub struct EtcdCluster {
     dir: TempDir,
     members: Vec<Member>,
     token: String,
+    tls: Option<TestCa>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members and returns once every one reports itself healthy (it has a leader);
     /// bounded, panics with the members' log tails.
     pub fn start(n: usize) -> EtcdCluster {
+        Self::start_with(n, None)
+    }
+
+    /// [`start`](Self::start), each member also serving clients over TLS with `ca`'s server
+    /// certificate on a port of its own: [`endpoints`](Self::endpoints) are then those
+    /// `https://` ones (the plain client port stays, on loopback, for the harness's reads).
+    pub fn start_tls(n: usize, ca: &TestCa) -> EtcdCluster {
+        Self::start_with(n, Some(ca.clone()))
+    }
+
+    fn start_with(n: usize, tls: Option<TestCa>) -> EtcdCluster {
         let mut failures = String::new();
         for attempt in 0..START_ATTEMPTS {
             let dir = tempfile::Builder::new()
@@ -68,6 +84,7 @@ impl EtcdCluster {
                 .map(|i| Member {
                     name: format!("m{i}"),
                     client_port: free_port(),
+                    tls_port: tls.as_ref().map(|_| free_port()),
                     peer_port: free_port(),
                     child: None,
                     watchdog: None,
@@ -77,6 +94,7 @@ impl EtcdCluster {
                 dir,
                 members,
                 token: format!("lock-tests-{}-{attempt}", std::process::id()),
+                tls: tls.clone(),
             };
             for i in 0..n {
                 cluster.spawn(i);
@@ -103,6 +121,12 @@ impl EtcdCluster {
         }
     }
 
+    /// One member over TLS with [`TestCa::shared`], shared like [`shared`](Self::shared).
+    pub fn shared_tls() -> &'static EtcdCluster {
+        static ONE: OnceLock<EtcdCluster> = OnceLock::new();
+        ONE.get_or_init(|| EtcdCluster::start_tls(1, TestCa::shared()))
+    }
+
     fn member_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(&self.members[i].name)
     }
@@ -122,6 +146,19 @@ impl EtcdCluster {
             .collect();
         let member = &self.members[i];
         let client = format!("http://127.0.0.1:{}", member.client_port);
+        let (listen, advertise, tls) = match (&self.tls, member.tls_port) {
+            (Some(ca), Some(port)) => {
+                let https = format!("https://127.0.0.1:{port}");
+                let files = vec![
+                    "--cert-file".into(),
+                    ca.file(SERVER_CERT).into_os_string(),
+                    "--key-file".into(),
+                    ca.file(SERVER_KEY).into_os_string(),
+                ];
+                (format!("{client},{https}"), https, files)
+            }
+            _ => (client.clone(), client, Vec::new()),
+        };
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
         let log = File::options()
             .create(true)
@@ -134,8 +171,9 @@ impl EtcdCluster {
             .arg(&member.name)
             .arg("--data-dir")
             .arg(self.member_dir(i))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
+            .args(["--listen-client-urls", &listen])
+            .args(["--advertise-client-urls", &advertise])
+            .args(tls)
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &initial.join(",")])
@@ -176,13 +214,13 @@ impl EtcdCluster {
         let deadline = Instant::now() + timeout;
         loop {
             for &i in &which {
-                if let Some(child) = self.members[i].child.as_mut() {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        return Err(format!(
-                            "member {i} exited ({status}):\n{}",
-                            self.log_tail(i)
-                        ));
-                    }
+                if let Some(child) = self.members[i].child.as_mut()
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    return Err(format!(
+                        "member {i} exited ({status}):\n{}",
+                        self.log_tail(i)
+                    ));
                 }
             }
             if which.iter().all(|&i| self.healthy(i)) {
@@ -218,11 +256,21 @@ impl EtcdCluster {
         self.members[i].client_port
     }
 
-    /// Every member's client endpoint, `http://127.0.0.1:PORT`.
+    /// Every member's client endpoint, `http://127.0.0.1:PORT` (`https://` on the TLS port
+    /// with TLS).
     pub fn endpoints(&self) -> Vec<String> {
-        (0..self.len())
-            .map(|i| format!("http://127.0.0.1:{}", self.client_port(i)))
+        self.members
+            .iter()
+            .map(|m| match m.tls_port {
+                Some(port) => format!("https://127.0.0.1:{port}"),
+                None => format!("http://127.0.0.1:{}", m.client_port),
+            })
             .collect()
+    }
+
+    /// Member `i`'s TLS client port (with [`start_tls`](Self::start_tls)).
+    pub fn tls_port(&self, i: usize) -> Option<u16> {
+        self.members[i].tls_port
     }
 
     /// Whether member `i` answers `/health` with `true` (it is up and has a leader).
@@ -302,10 +350,10 @@ impl EtcdCluster {
             if self.members[i].child.is_none() {
                 continue;
             }
-            if let Some(resp) = http(self.client_port(i), "POST", "/v3/kv/range", &body) {
-                if resp.contains("\"header\"") {
-                    return json_str(&resp, "count").map_or(0, |c| c.parse().unwrap_or(0));
-                }
+            if let Some(resp) = http(self.client_port(i), "POST", "/v3/kv/range", &body)
+                && resp.contains("\"header\"")
+            {
+                return json_str(&resp, "count").map_or(0, |c| c.parse().unwrap_or(0));
             }
         }
         panic!("no etcd member answered a range request");

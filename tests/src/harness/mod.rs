@@ -9,5 +9,6 @@ pub(crate) mod proxy;
 pub(crate) mod sentinel;
 pub(crate) mod server;
 pub(crate) mod store;
+pub(crate) mod tls;
 pub(crate) mod util;
 pub(crate) mod worker;

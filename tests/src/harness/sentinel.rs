@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::server::{RedisServer, ServerOptions};
 use super::store::LockStore;
+use super::tls::TestCa;
 use super::util::{poll_until, reap_after_exit};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -15,6 +16,18 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const DOWN_AFTER: Duration = Duration::from_millis(1000);
 /// ...and give up on a failover after this long.
 const FAILOVER_TIMEOUT_MS: u64 = 3000;
+
+/// How to start a [`SentinelSet`].
+#[derive(Debug, Clone, Default)]
+pub struct SentinelOptions {
+    /// `requirepass` on both data nodes (the replica and the sentinels authenticate with it).
+    pub password: Option<String>,
+    /// `requirepass` on the sentinels themselves (they authenticate to each other with it, and
+    /// [`SentinelSet::sentinel_urls`] carry it).
+    pub sentinel_password: Option<String>,
+    /// Every process serves TLS only, with this CA (see [`ServerOptions::tls`]).
+    pub tls: Option<TestCa>,
+}
 
 /// Two data nodes (one master, one replica) watched by three sentinels under the master name
 /// [`MASTER_NAME`](Self::MASTER_NAME), quorum 2. Dropping it kills every process.
@@ -39,11 +52,21 @@ impl SentinelSet {
     /// [`start`](Self::start), with `requirepass` on both data nodes (the replica and the
     /// sentinels authenticate with it; the sentinels themselves ask for no password).
     pub fn start_with_password(password: Option<&str>) -> SentinelSet {
+        Self::start_with(SentinelOptions {
+            password: password.map(str::to_owned),
+            ..SentinelOptions::default()
+        })
+    }
+
+    /// [`start`](Self::start) with `opts`.
+    pub fn start_with(opts: SentinelOptions) -> SentinelSet {
+        let password = opts.password.as_deref();
         let auth: Vec<String> = password
             .map(|p| vec!["--masterauth".into(), p.into()])
             .unwrap_or_default();
         let master = RedisServer::start_with(ServerOptions {
             requirepass: password.map(str::to_owned),
+            tls: opts.tls.clone(),
             extra_args: [
                 vec!["--repl-diskless-sync-delay".into(), "0".into()],
                 auth.clone(),
@@ -53,6 +76,7 @@ impl SentinelSet {
         });
         let replica = RedisServer::start_with(ServerOptions {
             requirepass: password.map(str::to_owned),
+            tls: opts.tls.clone(),
             extra_args: [
                 vec![
                     "--repl-diskless-sync-delay".into(),
@@ -82,6 +106,8 @@ impl SentinelSet {
                 format!("sentinel parallel-syncs {name} 1"),
             ],
             extra_args: vec!["--sentinel".into()],
+            requirepass: opts.sentinel_password.clone(),
+            tls: opts.tls.clone(),
             ..ServerOptions::default()
         };
         let sentinels = (0..3)
@@ -99,17 +125,33 @@ impl SentinelSet {
     /// it over). Its processes are killed once the test binary exits.
     pub fn shared() -> &'static SentinelSet {
         static SHARED: OnceLock<SentinelSet> = OnceLock::new();
+        SHARED.get_or_init(|| SentinelSet::start().reaped_at_exit())
+    }
+
+    /// Like [`shared`](Self::shared), over TLS with [`TestCa::shared`].
+    pub fn shared_tls() -> &'static SentinelSet {
+        static SHARED: OnceLock<SentinelSet> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let set = SentinelSet::start();
-            let all: Vec<&RedisServer> = set.data.iter().chain(&set.sentinels).collect();
-            let pids: Vec<u32> = all.iter().map(|n| n.pid()).collect();
-            let dirs: Vec<&std::path::Path> = all.iter().map(|n| n.dir()).collect();
-            reap_after_exit(&pids, &dirs);
-            set
+            SentinelSet::start_with(SentinelOptions {
+                tls: Some(TestCa::shared().clone()),
+                ..SentinelOptions::default()
+            })
+            .reaped_at_exit()
         })
     }
 
-    /// `redis://127.0.0.1:PORT/` of every sentinel.
+    /// Kills the processes, and removes their directories, once the test binary exits (for a
+    /// set kept in a `static`, which is never dropped).
+    fn reaped_at_exit(self) -> Self {
+        let all: Vec<&RedisServer> = self.data.iter().chain(&self.sentinels).collect();
+        let pids: Vec<u32> = all.iter().map(|n| n.pid()).collect();
+        let dirs: Vec<&std::path::Path> = all.iter().map(|n| n.dir()).collect();
+        reap_after_exit(&pids, &dirs);
+        self
+    }
+
+    /// [`RedisServer::url`] of every sentinel: `redis://127.0.0.1:PORT/` (`rediss://` with
+    /// TLS, with the sentinels' password if they have one).
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
     }
@@ -199,6 +241,10 @@ impl SentinelSet {
 }
 
 impl LockStore for &'static SentinelSet {
+    fn fails_over(&self) -> bool {
+        true
+    }
+
     fn keys(&self, pattern: &str) -> Vec<String> {
         self.master().keys(pattern)
     }

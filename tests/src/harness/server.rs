@@ -17,6 +17,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
+use super::tls::{CA_CERT, SERVER_CERT, SERVER_KEY, TestCa};
 use super::util::{free_port, poll_until};
 
 /// Overrides the `redis-server` binary (default: the one on `PATH`).
@@ -51,6 +52,12 @@ pub struct ServerOptions {
     /// Environment variables added to the process's (kept across [`RedisServer::restart`]), e.g.
     /// `LD_PRELOAD` for libfaketime.
     pub env: Vec<(String, String)>,
+    /// Serve TLS only, with this CA's server certificate: the port is the TLS port (`--port 0
+    /// --tls-port P`), clients are not asked for a certificate (`extra_args` may say
+    /// `--tls-auth-clients yes`), and the server's own links to other servers (replication,
+    /// cluster bus, a sentinel's) use TLS too. [`RedisServer::url`] is then `rediss://`, and
+    /// the harness's own connections trust the CA and present its client certificate.
+    pub tls: Option<TestCa>,
 }
 
 /// One `redis-server` process bound to 127.0.0.1 with its own temporary directory (config, log, data).
@@ -107,28 +114,33 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT/`, or `redis://:PASS@127.0.0.1:PORT/` with `requirepass`.
+    /// `redis://127.0.0.1:PORT/`, or `redis://:PASS@127.0.0.1:PORT/` with `requirepass`
+    /// (`rediss://` with [`tls`](ServerOptions::tls)).
     pub fn url(&self) -> String {
-        match &self.opts.requirepass {
-            Some(pass) => format!("redis://:{}@127.0.0.1:{}/", encode(pass), self.port),
-            None => format!("redis://127.0.0.1:{}/", self.port),
-        }
+        url(&self.opts, self.port)
     }
 
-    /// `redis://USER:PASS@127.0.0.1:PORT/` for an ACL user.
+    /// `redis://USER:PASS@127.0.0.1:PORT/` for an ACL user (`rediss://` with TLS).
     pub fn url_as(&self, user: &str, pass: &str) -> String {
         format!(
-            "redis://{}:{}@127.0.0.1:{}/",
+            "{}://{}:{}@127.0.0.1:{}/",
+            scheme(&self.opts),
             encode(user),
             encode(pass),
             self.port
         )
     }
 
+    /// A client for [`url`](Self::url) that trusts the server's test CA, if it has one.
+    pub fn client(&self) -> redis::Client {
+        client(&self.opts, self.port)
+            .unwrap_or_else(|e| panic!("a client for the server on port {}: {e}", self.port))
+    }
+
     /// A sync connection as the `default` user (with `requirepass` if set), 2 s connect/read/write
     /// timeouts. Panics with the log tail if the server does not accept it.
     pub fn admin(&self) -> redis::Connection {
-        let result = redis::Client::open(self.url()).and_then(|client| {
+        let result = client(&self.opts, self.port).and_then(|client| {
             let con = client.get_connection_with_timeout(ADMIN_TIMEOUT)?;
             con.set_read_timeout(Some(ADMIN_TIMEOUT))?;
             con.set_write_timeout(Some(ADMIN_TIMEOUT))?;
@@ -396,16 +408,40 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
         .open(dir.join(STDERR_FILE))
         .expect("open redis-server stderr file");
     let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
+    let port_args: Vec<std::ffi::OsString> = match &opts.tls {
+        None => vec!["--port".into(), port.to_string().into()],
+        Some(ca) => [
+            [
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string().into(),
+            ],
+            [
+                "--tls-cert-file".into(),
+                ca.file(SERVER_CERT).into(),
+                "--tls-key-file".into(),
+                ca.file(SERVER_KEY).into(),
+            ],
+            [
+                "--tls-ca-cert-file".into(),
+                ca.file(CA_CERT).into(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            [
+                "--tls-replication".into(),
+                "yes".into(),
+                "--tls-cluster".into(),
+                "yes".into(),
+            ],
+        ]
+        .concat(),
+    };
     let mut child = Command::new(&binary)
         .arg(dir.join(CONFIG_FILE))
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
+        .args(port_args)
+        .args(["--bind", "127.0.0.1", "--save", ""])
         .args(["--appendonly", if opts.appendonly { "yes" } else { "no" }])
         .arg("--dir")
         .arg(dir)
@@ -419,10 +455,7 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
         .stderr(stderr)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {binary:?} (is redis-server installed?): {e}"));
-    let url = match &opts.requirepass {
-        Some(pass) => format!("redis://:{}@127.0.0.1:{port}/", encode(pass)),
-        None => format!("redis://127.0.0.1:{port}/"),
-    };
+    let client = client(opts, port).unwrap_or_else(|e| panic!("a client for port {port}: {e}"));
     let pid = child.id();
     let outcome = poll_until(READY_TIMEOUT, READY_POLL, || {
         match child.try_wait() {
@@ -430,7 +463,7 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
             Ok(None) => {}
             Err(e) => return Some(Err(format!("waiting for redis-server failed: {e}"))),
         }
-        ready(&url, pid).then_some(Ok(()))
+        ready(&client, pid).then_some(Ok(()))
     });
     match outcome {
         Some(Ok(())) => Ok(child),
@@ -453,9 +486,8 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
 }
 
 /// `PING` answered (so not loading) by *our* process, not by another test's server that won the port.
-fn ready(url: &str, pid: u32) -> bool {
+fn ready(client: &redis::Client, pid: u32) -> bool {
     let probe = || -> redis::RedisResult<String> {
-        let client = redis::Client::open(url)?;
         let mut con = client.get_connection_with_timeout(PROBE_TIMEOUT)?;
         con.set_read_timeout(Some(PROBE_TIMEOUT))?;
         con.set_write_timeout(Some(PROBE_TIMEOUT))?;
@@ -504,10 +536,10 @@ fn pid_of(pid: u32) -> Pid {
 
 fn read_lossy(path: &Path, offset: u64) -> String {
     let mut bytes = Vec::new();
-    if let Ok(mut file) = File::open(path) {
-        if file.seek(SeekFrom::Start(offset)).is_ok() {
-            let _ = file.read_to_end(&mut bytes);
-        }
+    if let Ok(mut file) = File::open(path)
+        && file.seek(SeekFrom::Start(offset)).is_ok()
+    {
+        let _ = file.read_to_end(&mut bytes);
     }
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -517,6 +549,33 @@ fn tail(text: &str, lines: usize) -> String {
     let mut out = all[all.len().saturating_sub(lines)..].join("\n");
     out.push('\n');
     out
+}
+
+fn scheme(opts: &ServerOptions) -> &'static str {
+    if opts.tls.is_some() {
+        "rediss"
+    } else {
+        "redis"
+    }
+}
+
+/// The `default` user's URL of a server started with `opts` on `port`.
+fn url(opts: &ServerOptions, port: u16) -> String {
+    let scheme = scheme(opts);
+    match &opts.requirepass {
+        Some(pass) => format!("{scheme}://:{}@127.0.0.1:{port}/", encode(pass)),
+        None => format!("{scheme}://127.0.0.1:{port}/"),
+    }
+}
+
+/// A client for [`url`], trusting the test CA of a TLS server and presenting its client
+/// certificate.
+fn client(opts: &ServerOptions, port: u16) -> redis::RedisResult<redis::Client> {
+    let url = url(opts, port);
+    match &opts.tls {
+        Some(ca) => redis::Client::build_with_tls(url, ca.certificates()),
+        None => redis::Client::open(url),
+    }
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, for URL userinfo.

@@ -12,6 +12,11 @@ pub trait LockStore: Send + Sync + std::fmt::Debug {
     fn subscribers(&self, channel: &str) -> i64;
     /// How many times `command` ran, summed over the servers.
     fn command_calls(&self, command: &str) -> u64;
+    /// Whether a master can be replaced (Sentinel, Cluster): the client then confirms a fair
+    /// hand-off's message with the current master (one acquire call per hand-off).
+    fn fails_over(&self) -> bool {
+        false
+    }
 }
 
 impl LockStore for RedisServer {

@@ -196,3 +196,24 @@ pub fn assert_lost_at_the_deadline(
 /// backoff: 50 ms doubling up to 1 s): a grant that lands after its call failed is released
 /// within this + one request timeout of landing.
 pub const CLEANUP_PAUSE: Duration = Duration::from_secs(1);
+
+/// `n` milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A client for `config`; panics when the config is invalid.
+pub fn client(config: lock_runtime::LockConfig) -> lock_runtime::LockClient {
+    lock_runtime::LockClient::new(config).expect("valid lock config")
+}
+
+/// The field a [`LockError::Config`](lock_runtime::LockError::Config) names; panics on any other
+/// outcome.
+pub fn config_field<T: std::fmt::Debug>(
+    result: Result<T, lock_runtime::LockError>,
+) -> &'static str {
+    match result {
+        Err(lock_runtime::LockError::Config { field, .. }) => field,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}

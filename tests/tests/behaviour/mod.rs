@@ -10,7 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+mod election;
 pub(crate) mod kinds;
+mod owners;
+
+pub(crate) use owners::inspect_names_the_owner;
+
+pub(crate) use election::*;
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
 #[cfg(feature = "etcd")]
@@ -236,7 +242,7 @@ impl Fx {
     /// 2.5s or more later ([`RETRY_DELAY`]).
     async fn hand_off(&self, held: LockGuard, blocked_on: &str, waiter: Lock) -> LockGuard {
         let waiter = self.start_lock_waiter(blocked_on, waiter).await;
-        released_to(held, waiter, Duration::from_secs(2)).await
+        released_to(held.release(), waiter, Duration::from_secs(2)).await
     }
 
     /// Waits (bounded) until no node has the lock key of `key` any more, then until `b` can take
@@ -487,15 +493,16 @@ pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     assert_eq!(fx.holders(&key), 0);
 }
 
-/// Releases `held` and returns the guard `waiter` (from [`Fx::start_lock_waiter`]) got, checking
-/// that it got it after the release and less than `within` after it.
-async fn released_to(
-    held: LockGuard,
-    waiter: tokio::task::JoinHandle<(Instant, Result<LockGuard, LockError>)>,
+/// Lets go with `release` (a guard's release, a leadership's resignation) and returns what
+/// `waiter` (from [`Fx::start_lock_waiter`], or a task that answers when it got the lock) got,
+/// checking that it got it after the release and less than `within` after it.
+async fn released_to<T: Send + 'static>(
+    release: impl Future<Output = Result<(), LockError>>,
+    waiter: tokio::task::JoinHandle<(Instant, Result<T, LockError>)>,
     within: Duration,
-) -> LockGuard {
+) -> T {
     let released_at = Instant::now();
-    held.release().await.unwrap();
+    release.await.unwrap();
     let (got_at, guard) = bounded(Duration::from_secs(10), "the waiter", waiter)
         .await
         .unwrap();
@@ -1071,6 +1078,121 @@ pub(crate) async fn max_hold_replaces_a_late_sync_result(fx: &Fx) {
     fx.free_now(&[&key]).await;
 }
 
+/// `min_hold` of the checks below: long enough that the calls that must not wait for it (bounded
+/// by [`UNBLOCKED`]) clearly do not.
+const MIN_HOLD: Duration = Duration::from_secs(3);
+
+/// How long a call may take that makes at most four requests on warm connections (acquire on
+/// etcd: lease and transaction; a release kept for `min_hold`: the same), each within one
+/// response timeout (every fixture's default: 500 ms). Below [`MIN_HOLD`].
+const UNBLOCKED: Duration = Duration::from_secs(2);
+
+/// How much later than `min_hold` a kept key may be found free: etcd's leases count whole
+/// seconds and its lessor expires them on a 500 ms tick; Redis and memory count milliseconds.
+fn expiry_granularity(fx: &Fx) -> Duration {
+    if fx.etcd_cluster().is_some() {
+        Duration::from_millis(1500)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Takes and lets go of a lock on `client`, so its connections are up before a timed call.
+async fn warm_up(client: &LockClient) {
+    takes(client.lock(unique_key("beh:warm"))).await;
+}
+
+/// A lock with `min_hold` whose body returns at once: the call returns without waiting for
+/// `min_hold`, another client is refused until it passed (checked at a point proven to be before
+/// it: measured from before the grant), and gets the lock once it has, within the key's expiry
+/// granularity.
+pub(crate) async fn min_hold_keeps_a_lock_its_body_let_go_early(fx: &Fx) {
+    let key = unique_key("beh:minhold");
+    warm_up(&fx.a).await;
+    warm_up(&fx.b).await;
+    let before_grant = Instant::now();
+    let ran =
+        fx.a.lock(&key)
+            .ttl(Duration::from_secs(30))
+            .min_hold(MIN_HOLD)
+            .run(async { Ok::<_, LockError>(7) })
+            .await;
+    let returned = before_grant.elapsed();
+    eprintln!("the call returned after {returned:?}");
+    assert_eq!(ran, Ok(7));
+    assert!(returned < UNBLOCKED, "blocked for {returned:?}");
+    assert!(fx.holders(&key) >= fx.majority());
+    // Left for the rest of `min_hold`, not for the rest of its 30 s ttl.
+    let info = fx.b.inspect(&key).await.unwrap().expect("kept");
+    assert!(info.remaining.is_some_and(|r| r <= MIN_HOLD), "{info:?}");
+
+    let refused = fx.b.lock(&key).acquire().await;
+    let checked = before_grant.elapsed();
+    assert!(checked < MIN_HOLD, "checked {checked:?} after the grant");
+    assert!(
+        matches!(refused, Err(LockError::Contended { .. })),
+        "{refused:?} {checked:?} after the grant"
+    );
+
+    // A waiter is not woken by the release that kept the key: it gets the lock when the key
+    // expires (its pause is capped by the key's time to live).
+    let bound = MIN_HOLD + expiry_granularity(fx) + Duration::from_millis(1500) + SCHEDULING_SLACK;
+    let got = fx.b.lock(&key).wait(bound).acquire().await;
+    let got_after = before_grant.elapsed();
+    eprintln!("the other client got it {got_after:?} after the grant");
+    let got = got.unwrap_or_else(|e| panic!("not free {got_after:?} after the grant: {e}"));
+    assert!(got_after >= MIN_HOLD, "free {got_after:?} after the grant");
+    assert!(got_after <= bound, "free {got_after:?} after the grant");
+    got.release().await.unwrap();
+}
+
+/// A lock let go after its `min_hold` passed is deleted at once: another client takes it
+/// without waiting.
+pub(crate) async fn release_after_min_hold_deletes_at_once(fx: &Fx) {
+    let key = unique_key("beh:minholdpast");
+    let min_hold = Duration::from_millis(300);
+    let guard =
+        fx.a.lock(&key)
+            .ttl(Duration::from_secs(30))
+            .min_hold(min_hold)
+            .acquire()
+            .await
+            .unwrap();
+    // The behaviour under test is the passing of time: min_hold, and then some.
+    tokio::time::sleep(min_hold * 2).await;
+    guard.release().await.unwrap();
+    assert!(fx.holders(&key) <= fx.node_count() - fx.majority());
+    takes(fx.b.lock(&key)).await;
+}
+
+/// `shutdown()` of a client that holds a lock whose `min_hold` has not passed: its holder sees it
+/// lost (and its release says so), but the key stays for the rest of `min_hold`.
+pub(crate) async fn shutdown_keeps_a_lock_for_its_min_hold(fx: &Fx) {
+    let key = unique_key("beh:minholdshut");
+    let own = fx.client_with(|config| config);
+    warm_up(&own).await;
+    warm_up(&fx.b).await;
+    let before_grant = Instant::now();
+    let guard = own
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .min_hold(MIN_HOLD)
+        .acquire()
+        .await
+        .unwrap();
+    shut_down(&own).await;
+    bounded(UNBLOCKED, "the loss is signalled", guard.lost()).await;
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    // Kept for the rest of `min_hold` (not deleted, nor left for its 30 s ttl). In memory the
+    // lock lives in the shut-down client, which still answers `inspect`.
+    let observer = if fx.node_count() == 0 { &own } else { &fx.b };
+    let info = observer.inspect(&key).await.unwrap();
+    let checked = before_grant.elapsed();
+    assert!(checked < MIN_HOLD, "checked {checked:?} after the grant");
+    let info = info.expect("kept after shutdown");
+    assert!(info.remaining.is_some_and(|r| r <= MIN_HOLD), "{info:?}");
+}
+
 /// `client.shutdown()` (which blocks) off the runtime's threads.
 async fn shut_down(client: &LockClient) {
     let shutting = client.clone();
@@ -1189,7 +1311,14 @@ macro_rules! behaviour_tests {
             reentrant_subset_joins_superset_is_an_error, spawned_task_inside_a_hold_waits,
             loss_reaches_every_nested_level, non_reentrant_nested_call_contends,
             max_hold_stops_an_endless_async_body, max_hold_replaces_a_late_sync_result,
-            inspect_and_force_release);
+            min_hold_keeps_a_lock_its_body_let_go_early, release_after_min_hold_deletes_at_once,
+            shutdown_keeps_a_lock_for_its_min_hold, inspect_and_force_release,
+            inspect_names_the_owner,
+            election_hands_over_when_the_leader_resigns,
+            election_deposed_leader_sees_the_loss_and_a_rival_takes_over,
+            election_cancelled_campaign_leaves_nothing, election_epochs_are_fenced_with_fencing_off,
+            election_leader_is_the_holder_while_it_leads,
+            election_observe_yields_the_leader_then_each_change);
     };
     (@each $fixture:expr; $($name:ident),*) => {
         $(

@@ -25,7 +25,7 @@ async fn total(
     Ok(items.into_iter().sum())
 }
 
-// Pattern parameters can't be used in the key, but they work in the body.
+// Pattern parameters beside named ones (what they bind can be in the key too: pattern_params.rs).
 #[distributed_lock(key = "point:<label>")]
 fn point(label: &str, (x, y): (i32, i32), &z: &i32) -> Result<i32, LockError> {
     let _ = label;

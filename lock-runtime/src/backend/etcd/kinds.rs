@@ -1,5 +1,5 @@
 //! The keys of one lock on etcd, and the transactions of fair, shared and permit locks (see the
-//! layout at the top of `etcd.rs`). Everything here builds requests or reads answers: no I/O.
+//! layout on [`Keys`]). Everything here builds requests or reads answers: no I/O.
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -68,6 +68,19 @@ fn other_of(kv: &KeyValue) -> i64 {
 
 /// One lock's keys in etcd: the lock key `K` (an exclusive holder's), and the entries under it,
 /// `K \0 tag \0 token`.
+///
+/// Layout, per lock: its key `K = prefix + name` (each NUL byte of it followed by 0x7f, so that
+/// nothing below is ever another lock's key, nor falls in a range compared), which holds the token
+/// of an exclusive holder; and entries `K \0 tag \0 token` for the other kinds, each holding what
+/// it is, so that callers that use the key another way find out (a `Mismatch`, worded as for
+/// Redis):
+/// - `q`, value `fair`: a fair lock's line. The entry with the lowest create revision holds the
+///   lock (while `K` is absent); the others wait in that order;
+/// - `r`, value `shared-r`: a reader (shared holder);
+/// - `w`, value `shared-w`: an exclusive caller (a writer) waiting for readers: no new reader gets
+///   in while one lives;
+/// - `p`, value `permits=N`: a semaphore's line: the N entries with the lowest create revisions
+///   hold a permit each, the others wait in that order.
 #[derive(Debug, Clone)]
 pub(super) struct Keys {
     lock: Vec<u8>,
@@ -109,6 +122,11 @@ impl Keys {
         key.extend_from_slice(&self.lock);
         key.extend_from_slice(tail);
         key
+    }
+
+    /// The token (the holder value) an entry's key ends with.
+    fn token_of<'k>(&self, entry: &'k [u8]) -> Option<&'k [u8]> {
+        entry.get(self.lock.len() + 3..)
     }
 
     pub(super) fn entry(&self, tag: Tag, token: &Token) -> Vec<u8> {
@@ -154,6 +172,29 @@ impl Keys {
             _ => return Part::Other,
         };
         Part::Entry(tag)
+    }
+}
+
+/// The name of the lock whose etcd key `key` is under `prefix`, for tools that read etcd directly
+/// (`lockctl list` and `watch` range over the prefix): `Some` for a lock's key (`prefix` + name,
+/// see [`LockConfig::etcd`](crate::LockConfig::etcd)) and for the entries of its fair, shared and
+/// permit callers, which hold the lock or wait in its line; `None` for a writer's waiting mark
+/// (it never holds the lock) and for keys that are no lock's.
+pub fn etcd_lock_name(prefix: &str, key: &[u8]) -> Option<String> {
+    let rest = key.strip_prefix(Keys::new(prefix, "").lock())?;
+    // The name runs up to the first NUL that is not an escaped one (NUL 0x7f).
+    let mut name = Vec::with_capacity(rest.len());
+    let mut bytes = rest.iter().copied().peekable();
+    while let Some(b) = bytes.next() {
+        if b == 0 && bytes.next_if_eq(&0x7f).is_none() {
+            break;
+        }
+        name.push(b);
+    }
+    let name = String::from_utf8(name).ok().filter(|n| !n.is_empty())?;
+    match Keys::new(prefix, &name).part(key) {
+        Part::Lock | Part::Entry(Tag::Permit | Tag::Queue | Tag::Reader) => Some(name),
+        Part::Entry(Tag::Writer) | Part::Other => None,
     }
 }
 
@@ -232,6 +273,14 @@ pub(super) enum Outcome {
 
 /// The one transaction of an attempt to take `keys` in `mode` (not exclusive) for `token`, under
 /// `lease`. `queue`: the caller waits if refused, so its entry stays in line.
+///
+/// A reader: when no `p` or `q` entry exists (else a mismatch), put its `r` entry if `K` is absent
+/// and no `w` entry exists; granted if its entry exists. Fair: when no `p` or `r` entry exists, put
+/// its `q` entry (a caller that does not wait only when nobody is in line and `K` is absent), then
+/// read `K` and the first in line. Permits: when `K` is absent and no `q` or `r` entry exists, put
+/// its `p` entry if every `p` entry there says the same N, then read the first N; a caller that
+/// does not wait withdraws an entry that got no permit (one more request, see
+/// [`Outcome::Withdraw`]).
 pub(super) fn attempt(keys: &Keys, token: &Token, mode: Mode, queue: bool, lease: i64) -> Txn {
     let Some(tag) = Tag::of(mode) else {
         return Txn::new();
@@ -326,7 +375,7 @@ pub(super) fn outcome(
     queue: bool,
     resp: &TxnResponse,
 ) -> Result<Outcome, &'static str> {
-    let gets = super::ranges(resp);
+    let gets = super::node::ranges(resp);
     let Some(tag) = Tag::of(mode) else {
         return Err("not a kind of lock");
     };
@@ -393,6 +442,8 @@ pub(super) struct Seen {
     pub(super) leases: Vec<i64>,
     /// The holders' keys (what a forced release deletes).
     pub(super) keys: Vec<Vec<u8>>,
+    /// The holders' owner records that could be read.
+    pub(super) owners: Vec<crate::owner::Owner>,
 }
 
 pub(super) fn seen(keys: &Keys, lock: Option<&KeyValue>, entries: &[KeyValue]) -> Option<Seen> {
@@ -412,6 +463,7 @@ pub(super) fn seen(keys: &Keys, lock: Option<&KeyValue>, entries: &[KeyValue]) -
             queued: queue.len(),
             leases: vec![lock.lease()],
             keys: vec![lock.key().to_vec()],
+            owners: crate::owner::of_value(lock.value()).into_iter().collect(),
         });
     }
     let (holders, waiting) = if let Some(head) = queue.first() {
@@ -436,6 +488,11 @@ pub(super) fn seen(keys: &Keys, lock: Option<&KeyValue>, entries: &[KeyValue]) -
         queued: waiting,
         leases: holders.iter().map(|kv| kv.lease()).collect(),
         keys: holders.iter().map(|kv| kv.key().to_vec()).collect(),
+        owners: holders
+            .iter()
+            .filter_map(|kv| keys.token_of(kv.key()))
+            .filter_map(crate::owner::of_value)
+            .collect(),
     })
 }
 
@@ -444,12 +501,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn etcd_lock_name_reads_back_lock_keys_and_holding_entries() {
+        let token = Token::new(
+            &crate::owner::Identity::new(None),
+            std::time::Instant::now(),
+        );
+        for name in ["a", "wallet:42", "nul\0in\0\x7fit", "{t}x"] {
+            let keys = Keys::new("lock:", name);
+            assert_eq!(etcd_lock_name("lock:", keys.lock()).as_deref(), Some(name));
+            for tag in [Tag::Permit, Tag::Queue, Tag::Reader] {
+                let entry = keys.entry(tag, &token);
+                assert_eq!(etcd_lock_name("lock:", &entry).as_deref(), Some(name));
+            }
+            assert_eq!(
+                etcd_lock_name("lock:", &keys.entry(Tag::Writer, &token)),
+                None
+            );
+            assert_eq!(etcd_lock_name("other:", keys.lock()), None);
+        }
+        let nul_prefix = Keys::new("p\0", "n");
+        assert_eq!(
+            etcd_lock_name("p\0", nul_prefix.lock()).as_deref(),
+            Some("n")
+        );
+        for stray in [
+            &b"lock:"[..],
+            b"lock:a\0x",
+            b"lock:a\0r",
+            b"lock:\xff",
+            b"unrelated",
+        ] {
+            assert_eq!(etcd_lock_name("lock:", stray), None, "{stray:?}");
+        }
+    }
+
+    #[test]
     fn entries_sort_under_their_lock_and_nothing_else_does() {
-        let token = Token::new();
+        let token = Token::new(
+            &crate::owner::Identity::new(None),
+            std::time::Instant::now(),
+        );
         let keys = Keys::new("lock:", "a");
         assert_eq!(keys.lock(), b"lock:a");
         let entry = keys.entry(Tag::Reader, &token);
         assert_eq!(keys.part(&entry), Part::Entry(Tag::Reader));
+        assert_eq!(keys.token_of(&entry), Some(token.as_str().as_bytes()));
         assert_eq!(keys.part(keys.lock()), Part::Lock);
         let (start, end) = keys.range(Tag::Permit, Tag::Reader);
         assert!(start.as_slice() <= entry.as_slice() && entry.as_slice() < end.as_slice());

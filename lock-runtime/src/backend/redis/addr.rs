@@ -1,0 +1,67 @@
+//! Redis URLs as the config gives them, parsed into node addresses.
+
+use crate::config::redact;
+use crate::error::LockError;
+
+/// One parsed Redis node address.
+pub(crate) struct NodeAddr {
+    /// `host:port`, for error messages (never with credentials).
+    pub(crate) name: String,
+    pub(crate) info: redis::ConnectionInfo,
+}
+
+impl NodeAddr {
+    /// Parses `url` (`redis://`, or `rediss://` with the `tls` feature), reporting errors on
+    /// `field`.
+    pub(crate) fn parse(field: &'static str, url: &str) -> Result<NodeAddr, LockError> {
+        let scheme = url.split_once("://").map(|(s, _)| s);
+        match scheme {
+            Some("redis") => {}
+            Some("rediss") if cfg!(feature = "tls") => {}
+            Some("rediss") => {
+                return Err(LockError::config(
+                    field,
+                    format!(
+                        "{} uses TLS; enable the `tls` feature of lock-runtime",
+                        redact(url)
+                    ),
+                ));
+            }
+            _ => {
+                return Err(LockError::config(
+                    field,
+                    format!("{} is not a redis:// or rediss:// URL", redact(url)),
+                ));
+            }
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+            LockError::config(
+                field,
+                format!("{} is not a valid redis URL: {}", redact(url), e.category()),
+            )
+        })?;
+        let name = info.addr().to_string();
+        Ok(NodeAddr { name, info })
+    }
+
+    /// Parses every URL of `urls`, which must name at least one (`empty` says what is missing).
+    pub(crate) fn parse_all(
+        field: &'static str,
+        urls: &[String],
+        empty: &'static str,
+    ) -> Result<Vec<NodeAddr>, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::config(field, empty));
+        }
+        urls.iter().map(|url| NodeAddr::parse(field, url)).collect()
+    }
+
+    pub(crate) fn same_node(&self, other: &NodeAddr) -> bool {
+        self.name == other.name
+            && self.info.redis_settings().db() == other.info.redis_settings().db()
+    }
+
+    pub(crate) fn uses_tls(&self) -> bool {
+        matches!(self.info.addr(), redis::ConnectionAddr::TcpTls { .. })
+    }
+}

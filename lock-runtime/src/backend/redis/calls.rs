@@ -1,0 +1,730 @@
+//! The script and transaction calls on one Redis master, and the decoding of their replies.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, RedisResult, Script, ScriptInvocation, Value};
+
+use super::keys::{KeyKind, LockKeys, redis_keys};
+use crate::backend::fences::{FENCE_LAG, FencePaths, TxFence};
+use crate::backend::scripts;
+use crate::backend::wait_pool::WaitPool;
+use crate::backend::{
+    Ask, Attempt, ExtendItem, ExtendOutcome, Mode, NodeView, Token, millis, millis_up,
+};
+use crate::config::Settings;
+use crate::error::NodeFailure;
+
+/// How many extensions go into one pipeline (one round trip).
+const EXTEND_CHUNK: usize = 512;
+
+/// The `WAIT` after every grant and renewal (`min_replicas`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MinReplicas {
+    pub(crate) count: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// The script calls on one Redis master, over any connection that reaches it: a connection
+/// manager, or a cluster connection (which sends each call to the master of its keys' slot; the
+/// keys of one call then share a slot).
+pub(crate) struct Calls {
+    /// Named in failures.
+    pub(crate) addr: String,
+    prefix: String,
+    /// Bound on one request, connection set-up included.
+    deadline: Duration,
+    /// How a release announces itself: `PUBLISH`, or `SPUBLISH` on a cluster.
+    publish: &'static str,
+    /// Replicas that must acknowledge each grant and renewal.
+    replicas: Option<MinReplicas>,
+    /// Whether a plain lock of one key may be taken with a transaction
+    /// ([`Calls::acquire_plain`]): not through a cluster connection (which routes command by
+    /// command), not with `min_replicas` (the grant goes through the script and its `WAIT`),
+    /// and no more once the server refused a transaction (an ACL without `MULTI`/`EXEC`).
+    plain: AtomicBool,
+    /// Where the transaction can take the fence: see [`FencePaths`].
+    fences: FencePaths,
+    /// With `min_replicas`, the connections grants and renewals (which end in `WAIT`) run on,
+    /// one each; `None`: on the shared one (a cluster connection, which routes by slot).
+    pub(super) waits: Option<WaitPool>,
+}
+
+impl Calls {
+    /// `transactions`: whether the connection sends a MULTI/EXEC to one server as it is.
+    pub(crate) fn new(
+        addr: String,
+        settings: &Settings,
+        publish: &'static str,
+        transactions: bool,
+    ) -> Self {
+        Calls {
+            plain: AtomicBool::new(transactions && settings.min_replicas.is_none()),
+            fences: FencePaths::default(),
+            waits: None,
+            addr,
+            prefix: settings.key_prefix.clone(),
+            deadline: settings.request_timeout(),
+            publish,
+            replicas: settings.min_replicas.map(|count| MinReplicas {
+                count,
+                // Within the request's own bound.
+                timeout: settings.response_timeout / 2,
+            }),
+        }
+    }
+
+    pub(crate) fn keys(&self, name: &str) -> [String; 3] {
+        redis_keys(&self.prefix, name)
+    }
+
+    fn lock_keys(&self, name: &str) -> LockKeys {
+        LockKeys::new(&self.prefix, name)
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, NodeFailure> {
+        match tokio::time::timeout(self.deadline, fut).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(NodeFailure::from_redis(&self.addr, &err)),
+            Err(_) => Err(NodeFailure::timeout(&self.addr, what)),
+        }
+    }
+
+    /// Runs `invocation` and, with `min_replicas`, `WAIT` behind it in one pipeline on one
+    /// connection (a connection of its own, see [`WaitPool`]): the replica count then covers
+    /// this script's writes. Reloads the script once if the server lost it.
+    async fn invoke<C: Conn, T: FromRedisValue>(
+        &self,
+        conn: &C,
+        what: &str,
+        script: &Script,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<(T, Option<u32>), NodeFailure> {
+        let Some(replicas) = self.replicas else {
+            let mut conn = conn.clone();
+            let value = self
+                .bounded(what, invocation.invoke_async(&mut conn))
+                .await?;
+            return Ok((value, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replicas.count)
+            .arg(millis(replicas.timeout));
+        let Some(pool) = &self.waits else {
+            return self
+                .replicated(&mut conn.clone(), what, script, &pipe)
+                .await;
+        };
+        let mut own = self.bounded("connect", pool.take()).await?;
+        let reply = self.replicated(&mut own, what, script, &pipe).await;
+        if reply.is_ok() {
+            pool.give_back(own);
+        }
+        reply
+    }
+
+    /// Sends `pipe`, a script and `WAIT`, on `conn`; reloads the script once if the server lost
+    /// it.
+    async fn replicated<D: ConnectionLike + Send, T: FromRedisValue>(
+        &self,
+        conn: &mut D,
+        what: &str,
+        script: &Script,
+        pipe: &redis::Pipeline,
+    ) -> Result<(T, Option<u32>), NodeFailure> {
+        let mut reply = self
+            .bounded(what, pipe.query_async::<(T, u32)>(&mut *conn))
+            .await;
+        // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
+        let lost_script = |f: &NodeFailure| {
+            f.kind == crate::error::FailureKind::Response
+                && (f.detail.contains("NOSCRIPT") || f.detail.contains("NoScript"))
+        };
+        if reply.as_ref().is_err_and(lost_script) {
+            self.bounded("script load", script.load_async(&mut *conn))
+                .await?;
+            reply = self.bounded(what, pipe.query_async(&mut *conn)).await;
+        }
+        reply.map(|(value, acks)| (value, Some(acks)))
+    }
+
+    /// A failure saying that fewer than `min_replicas` replicas acknowledged `what`.
+    fn too_few_replicas(&self, what: &str, acks: u32) -> NodeFailure {
+        let (count, timeout) = self
+            .replicas
+            .map_or((0, Duration::ZERO), |r| (r.count, r.timeout));
+        NodeFailure::replication(
+            &self.addr,
+            &format!(
+                "{what}: {acks} of min_replicas {count} replicas acknowledged it within {timeout:?}"
+            ),
+        )
+    }
+
+    pub(crate) async fn extend_chunk<C: Conn>(
+        &self,
+        conn: &C,
+        chunk: &[ExtendItem<'_>],
+    ) -> Vec<ExtendOutcome> {
+        // With `min_replicas` the pipeline ends in `WAIT`: on a connection of its own.
+        let Some(pool) = self.replicas.and(self.waits.as_ref()) else {
+            return self.extend_chunk_on(&mut conn.clone(), chunk).await.0;
+        };
+        let mut own = match self.bounded("connect", pool.take()).await {
+            Ok(own) => own,
+            Err(failure) => return ExtendOutcome::all_failed(chunk.len(), &failure),
+        };
+        let (outcomes, answered) = self.extend_chunk_on(&mut own, chunk).await;
+        if answered {
+            pool.give_back(own);
+        }
+        outcomes
+    }
+
+    /// Extends `chunk` in one pipeline on `conn`, and says whether the server answered.
+    async fn extend_chunk_on<D: ConnectionLike + Send>(
+        &self,
+        conn: &mut D,
+        chunk: &[ExtendItem<'_>],
+    ) -> (Vec<ExtendOutcome>, bool) {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for item in chunk {
+            let mut invocation = match item.mode {
+                Mode::Exclusive | Mode::Fair => scripts::EXTEND.prepare_invoke(),
+                Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
+            };
+            for name in item.names {
+                invocation.key(self.lock_keys(name).of(KeyKind::Lock));
+            }
+            invocation.arg(item.token.as_str()).arg(millis(item.ttl));
+            pipe.invoke_script(&invocation);
+        }
+        if let Some(replicas) = self.replicas {
+            pipe.cmd("WAIT")
+                .arg(replicas.count)
+                .arg(millis(replicas.timeout));
+        }
+        let mut replies = self
+            .bounded(
+                "extend",
+                pipe.query_async::<Vec<RedisResult<i64>>>(&mut *conn),
+            )
+            .await;
+        let lost_scripts = |r: &Result<Vec<RedisResult<i64>>, NodeFailure>| {
+            r.as_ref().is_ok_and(|items| {
+                items.iter().any(|i| {
+                    i.as_ref().is_err_and(|e| {
+                        e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                    })
+                })
+            })
+        };
+        if lost_scripts(&replies) {
+            // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
+            let load = async {
+                scripts::EXTEND.load_async(&mut *conn).await?;
+                scripts::SHARED_EXTEND.load_async(&mut *conn).await
+            };
+            replies = match self.bounded("script load", load).await {
+                Ok(_) => self.bounded("extend", pipe.query_async(&mut *conn)).await,
+                Err(failure) => Err(failure),
+            };
+        }
+        // With `min_replicas`, the last reply is WAIT's count: too few acknowledgements turn
+        // every extension of the chunk into a failed (retried) one.
+        let short = match (&mut replies, self.replicas) {
+            (Ok(items), Some(replicas)) if items.len() == chunk.len() + 1 => match items.pop() {
+                Some(Ok(acks)) if acks >= i64::from(replicas.count) => None,
+                Some(Ok(acks)) => {
+                    Some(self.too_few_replicas("renewal", u32::try_from(acks).unwrap_or(0)))
+                }
+                Some(Err(err)) => Some(NodeFailure::from_redis(&self.addr, &err)),
+                None => None,
+            },
+            _ => None,
+        };
+        let outcomes = match replies {
+            Ok(items) if items.len() == chunk.len() => items
+                .into_iter()
+                .map(|reply| match reply {
+                    Ok(1) => match &short {
+                        Some(failure) => ExtendOutcome::Failed(failure.clone()),
+                        None => ExtendOutcome::Extended,
+                    },
+                    Ok(n) => ExtendOutcome::NotOwned {
+                        index: usize::try_from(-n - 1).unwrap_or(0),
+                    },
+                    Err(err) => ExtendOutcome::Failed(NodeFailure::from_redis(&self.addr, &err)),
+                })
+                .collect(),
+            Ok(_) => {
+                let failure = NodeFailure::response(&self.addr, "extend: wrong number of replies");
+                return (ExtendOutcome::all_failed(chunk.len(), &failure), false);
+            }
+            Err(failure) => return (ExtendOutcome::all_failed(chunk.len(), &failure), false),
+        };
+        (outcomes, true)
+    }
+
+    pub(crate) async fn extend_many<C: Conn>(
+        &self,
+        conn: &C,
+        items: &[ExtendItem<'_>],
+    ) -> Vec<ExtendOutcome> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(EXTEND_CHUNK) {
+            out.extend(self.extend_chunk(conn, chunk).await);
+        }
+        out
+    }
+
+    pub(crate) async fn inspect<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+    ) -> Result<Option<NodeView>, NodeFailure> {
+        let keys = self.lock_keys(name);
+        let mut invocation = scripts::INSPECT.prepare_invoke();
+        invocation
+            .key(keys.of(KeyKind::Lock))
+            .key(keys.of(KeyKind::Fence))
+            .key(keys.of(KeyKind::QueueLeases));
+        let mut conn = conn.clone();
+        let reply: Vec<Value> = self
+            .bounded("inspect", invocation.invoke_async(&mut conn))
+            .await?;
+        decode_inspect(&reply)
+            .ok_or_else(|| NodeFailure::response(&self.addr, "inspect: unexpected reply"))
+    }
+
+    pub(crate) async fn force_release<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+    ) -> Result<bool, NodeFailure> {
+        let [lock, _, channel] = self.keys(name);
+        let mut invocation = scripts::FORCE_RELEASE.prepare_invoke();
+        invocation.key(lock).arg(self.publish).arg(channel);
+        let mut conn = conn.clone();
+        let deleted: i64 = self
+            .bounded("force release", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    pub(crate) async fn acquire<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        ask: Ask,
+    ) -> Result<Attempt, NodeFailure> {
+        let Ask {
+            ttl,
+            fencing,
+            mode,
+            queue,
+            waits,
+        } = ask;
+        if let [name] = names
+            && mode == Mode::Exclusive
+            && self.plain.load(Ordering::Relaxed)
+            && let Some(fence) = self.fences.path(name, fencing, Instant::now())
+            && let Some(answer) = self.acquire_plain(conn, name, token, ttl, fence).await
+        {
+            return answer;
+        }
+        let flag = |on: bool| if on { "1" } else { "0" };
+        let script = match mode {
+            Mode::Exclusive => &scripts::ACQUIRE,
+            Mode::Fair => &scripts::FAIR_ACQUIRE,
+            Mode::Shared | Mode::Permits(_) => &scripts::SHARED_ACQUIRE,
+        };
+        let mut invocation = script.prepare_invoke();
+        match mode {
+            Mode::Exclusive => {
+                let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+                for k in &keys {
+                    invocation.key(k.of(KeyKind::Lock));
+                }
+                for k in &keys {
+                    invocation.key(k.of(KeyKind::Fence));
+                }
+            }
+            Mode::Fair | Mode::Shared | Mode::Permits(_) => {
+                let keys = self.lock_keys(&names[0]);
+                invocation
+                    .key(keys.of(KeyKind::Lock))
+                    .key(keys.of(KeyKind::Fence));
+                if mode == Mode::Fair {
+                    invocation
+                        .key(keys.of(KeyKind::Queue))
+                        .key(keys.of(KeyKind::QueueLeases));
+                }
+            }
+        }
+        invocation
+            .arg(token.as_str())
+            .arg(millis(ttl))
+            .arg(flag(fencing));
+        match mode {
+            // How long a writer's mark keeps readers out (0: it does not wait).
+            Mode::Exclusive => invocation.arg(if queue { millis(waits).max(1) } else { 0 }),
+            Mode::Fair => invocation.arg(flag(queue)),
+            Mode::Shared => invocation.arg(0),
+            Mode::Permits(n) => invocation.arg(n),
+        };
+        let (reply, acks): (Vec<i64>, _) =
+            self.invoke(conn, "acquire", script, &invocation).await?;
+        match reply.as_slice() {
+            [1, fences @ ..] if fences.len() == names.len() => {
+                if let (Some(acks), Some(replicas)) = (acks, self.replicas)
+                    && acks < replicas.count
+                {
+                    // Not a grant until replicated: withdraw it (nobody waits for a lock
+                    // that never was).
+                    let short = self.too_few_replicas("grant", acks);
+                    return match self.release(conn, names, token, mode, false).await {
+                        Ok(_) => Err(short),
+                        Err(failure) => Err(NodeFailure {
+                            detail: format!("{}; withdrawing it failed too", short.detail),
+                            ..failure
+                        }),
+                    };
+                }
+                if fencing && mode == Mode::Exclusive {
+                    // The script raised each counter to the clock at least.
+                    let now = Instant::now();
+                    for name in names {
+                        self.fences.fresh_for(name, now, FENCE_LAG);
+                    }
+                }
+                Ok(Attempt::Acquired {
+                    fences: if fencing {
+                        fences
+                            .iter()
+                            .map(|f| u64::try_from(*f).unwrap_or(0))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                })
+            }
+            [0, index, pttl, rest @ ..] if rest.len() <= 1 => Ok(Attempt::Held {
+                index: usize::try_from(*index - 1).unwrap_or(0),
+                // -1: the key has no expiry (set by someone else without one); wait by backoff.
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                ticket: rest
+                    .first()
+                    .and_then(|t| u64::try_from(*t).ok())
+                    .filter(|t| *t > 0),
+            }),
+            [2, index, other] => {
+                let key = names
+                    .get(usize::try_from(*index - 1).unwrap_or(0))
+                    .unwrap_or(&names[0]);
+                Ok(Attempt::mismatch(key, mode, *other))
+            }
+            _ => Err(NodeFailure::response(
+                &self.addr,
+                "acquire: unexpected reply",
+            )),
+        }
+    }
+
+    /// A plain lock of one key, asked for with `SET NX PX GET`, the fence's `INCR` (after
+    /// `SET NX` of a seed, for a name whose counter most likely does not exist: see
+    /// [`FencePaths`]), `TIME` and `PTTL` in one MULTI/EXEC instead of the `ACQUIRE` script: the
+    /// same answer for about half of Redis's CPU. A refused transaction counts the fence on
+    /// without a grant, which only leaves a gap.
+    /// `None` when the script must answer: the key holds our token already (a resent attempt:
+    /// the script refreshes it), is of another type (a shared lock or semaphore: the script
+    /// marks a waiting writer or reports the mismatch), or the server refused the transaction.
+    async fn acquire_plain<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+        token: &Token,
+        ttl: Duration,
+        fencing: TxFence,
+    ) -> Option<Result<Attempt, NodeFailure>> {
+        let keys = self.lock_keys(name);
+        let lock = keys.of(KeyKind::Lock);
+        let fence = (fencing != TxFence::Off).then(|| keys.of(KeyKind::Fence));
+        // MULTI and EXEC written out in a plain pipeline, not as redis-rs's atomic pipeline: that
+        // one loses count of the replies when the server refuses the MULTI itself.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("MULTI")
+            .cmd("SET")
+            .arg(&lock)
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl))
+            .arg("GET");
+        if let Some(fence) = &fence {
+            if let TxFence::Seed(seed) = fencing {
+                pipe.cmd("SET").arg(fence).arg(seed).arg("NX");
+            }
+            pipe.cmd("INCR").arg(fence).cmd("TIME");
+        }
+        pipe.cmd("PTTL").arg(&lock).cmd("EXEC");
+        let mut c = conn.clone();
+        let replies: Vec<Value> = match self.bounded("acquire", pipe.query_async(&mut c)).await {
+            Ok(replies) => replies,
+            Err(failure) => return Some(Err(failure)),
+        };
+        let unexpected = || {
+            Some(Err(NodeFailure::response(
+                &self.addr,
+                "acquire: unexpected reply",
+            )))
+        };
+        let (Some(Value::Okay), Some(exec)) = (replies.first(), replies.last()) else {
+            // The server refused the MULTI, and so ran the other commands on their own: the
+            // script finds the lock ours if that `SET` took it. The refusal stays the same (an
+            // ACL without MULTI and EXEC), so the script answers from now on.
+            self.plain.store(false, Ordering::Relaxed);
+            return None;
+        };
+        let results = match exec {
+            Value::Array(results) => results,
+            Value::ServerError(refused)
+                if refused.details().is_some_and(|d| d.contains("NOPERM")) =>
+            {
+                // An ACL with MULTI but without EXEC (the server then discards the transaction
+                // itself): the script from now on.
+                self.plain.store(false, Ordering::Relaxed);
+                return None;
+            }
+            // The server refused the transaction (out of memory, a read-only replica): the
+            // script says why in its own words.
+            _ => return None,
+        };
+        let (set, counted, pttl) = match (results.as_slice(), fencing) {
+            ([set, _, counted, clock, pttl], TxFence::Seed(_))
+            | ([set, counted, clock, pttl], TxFence::Count) => (set, Some((counted, clock)), pttl),
+            ([set, pttl], TxFence::Off) => (set, None, pttl),
+            _ => return unexpected(),
+        };
+        let replied = Instant::now();
+        let clock = counted.and_then(|(_, clock)| self.fences.read_clock(clock, replied));
+        match set {
+            Value::Nil => {}
+            Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => {
+                return None;
+            }
+            Value::BulkString(_) => {
+                let Value::Int(pttl) = pttl else {
+                    return unexpected();
+                };
+                return Some(Ok(Attempt::Held {
+                    index: 0,
+                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                    ticket: None,
+                }));
+            }
+            Value::ServerError(_) => return None,
+            _ => return unexpected(),
+        }
+        // Granted.
+        let fences = match (counted, fence) {
+            (Some((Value::Int(f), _)), Some(fence)) => {
+                let margin = clock.map(|clock| *f - (clock - scripts::FENCE_LAG_US));
+                if let Some(margin) = margin.filter(|m| *m > 0) {
+                    // Close enough to the clock: the token as counted.
+                    let margin = Duration::from_micros(u64::try_from(margin).unwrap_or(0));
+                    self.fences.fresh_for(name, replied, margin);
+                    vec![u64::try_from(*f).unwrap_or(0)]
+                } else {
+                    // Lost, recreated, or behind after a failover: raised to the clock.
+                    let mut invocation = scripts::SEED_FENCE.prepare_invoke();
+                    invocation.key(fence);
+                    match self
+                        .bounded("acquire", invocation.invoke_async::<u64>(&mut c))
+                        .await
+                    {
+                        Ok(f) => {
+                            self.fences.fresh_for(name, Instant::now(), FENCE_LAG);
+                            vec![f]
+                        }
+                        Err(failure) => {
+                            return Some(Err(self.withdraw(conn, name, token, failure).await));
+                        }
+                    }
+                }
+            }
+            (Some(_), Some(_)) => {
+                // The script refuses before writing; here the `SET` ran.
+                let failure =
+                    NodeFailure::response(&self.addr, "acquire: the fence counter is not a number");
+                return Some(Err(self.withdraw(conn, name, token, failure).await));
+            }
+            _ => Vec::new(),
+        };
+        Some(Ok(Attempt::Acquired { fences }))
+    }
+
+    /// Takes back a grant of `name` that has no fence (the counter is not a number, or seeding
+    /// it failed): no fence, no lock. Returns `failure`, saying so if the withdrawal failed too
+    /// (then the lock expires by its ttl, or the caller's release by token takes it back).
+    async fn withdraw<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+        token: &Token,
+        failure: NodeFailure,
+    ) -> NodeFailure {
+        let names = [Arc::<str>::from(name)];
+        match self
+            .release(conn, &names, token, Mode::Exclusive, false)
+            .await
+        {
+            Ok(_) => failure,
+            Err(also) => NodeFailure {
+                detail: format!("{}; withdrawing the grant failed too", failure.detail),
+                ..also
+            },
+        }
+    }
+
+    pub(crate) async fn release<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        mode: Mode,
+        wake: bool,
+    ) -> Result<bool, NodeFailure> {
+        let channel = |keys: &LockKeys| {
+            if wake {
+                keys.of(KeyKind::Released)
+            } else {
+                String::new()
+            }
+        };
+        let mut invocation;
+        match mode {
+            Mode::Exclusive => {
+                invocation = scripts::RELEASE.prepare_invoke();
+                invocation.arg(token.as_str()).arg(self.publish);
+                for name in names {
+                    let keys = self.lock_keys(name);
+                    invocation.key(keys.of(KeyKind::Lock)).arg(channel(&keys));
+                }
+            }
+            Mode::Fair => {
+                // Always with its channel: leaving the queue may hand the lock to the next
+                // waiter, who must be woken.
+                let keys = self.lock_keys(&names[0]);
+                invocation = scripts::FAIR_RELEASE.prepare_invoke();
+                invocation
+                    .key(keys.of(KeyKind::Lock))
+                    .key(keys.of(KeyKind::Fence))
+                    .key(keys.of(KeyKind::Queue))
+                    .key(keys.of(KeyKind::QueueLeases))
+                    .arg(token.as_str())
+                    .arg(self.publish)
+                    .arg(keys.of(KeyKind::Released));
+            }
+            Mode::Shared | Mode::Permits(_) => {
+                let keys = self.lock_keys(&names[0]);
+                invocation = scripts::SHARED_RELEASE.prepare_invoke();
+                invocation
+                    .key(keys.of(KeyKind::Lock))
+                    .arg(token.as_str())
+                    .arg(self.publish)
+                    .arg(channel(&keys));
+            }
+        }
+        let mut conn = conn.clone();
+        let deleted: i64 = self
+            .bounded("release", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(usize::try_from(deleted) == Ok(names.len()))
+    }
+
+    /// Compares the token on every key and `PEXPIRE`s each to `left` (the [`scripts::EXTEND`]
+    /// script with `left` as its ttl): the release of a lock whose `min_hold` has not passed.
+    /// Nothing is published, so no waiter is woken for a key that is not free.
+    pub(crate) async fn keep<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        left: Duration,
+    ) -> Result<bool, NodeFailure> {
+        let mut invocation = scripts::EXTEND.prepare_invoke();
+        for name in names {
+            invocation.key(self.lock_keys(name).of(KeyKind::Lock));
+        }
+        invocation.arg(token.as_str()).arg(millis_up(left));
+        let mut conn = conn.clone();
+        let kept: i64 = self
+            .bounded("release for min_hold", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(kept == 1)
+    }
+
+    pub(crate) async fn raise_fences<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        fences: &[u64],
+    ) -> Result<(), NodeFailure> {
+        let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
+        for (name, fence) in names.iter().zip(fences) {
+            let [_, fence_key, _] = self.keys(name);
+            invocation.key(fence_key).arg(*fence);
+        }
+        let mut conn = conn.clone();
+        self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
+            .await
+            .map(drop)
+    }
+}
+
+/// A connection [`Calls`] can use.
+pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<T: ConnectionLike + Clone + Send + Sync + 'static> Conn for T {}
+
+/// Reads the inspect script's reply (see [`scripts::INSPECT`]): `Some(None)` when the lock is
+/// not held, `None` when the reply is not one of the script's.
+pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeView>> {
+    let int = |v: &Value| match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    };
+    let count = |n: i64| usize::try_from(n).unwrap_or(0);
+    match reply {
+        [only] if int(only) == Some(-2) => Some(None),
+        [pttl, fence, holders, queued, records @ ..] => {
+            let mut owners = Vec::with_capacity(records.len());
+            for record in records {
+                let Value::BulkString(record) = record else {
+                    return None;
+                };
+                owners.extend(crate::owner::parse(record));
+            }
+            Some(Some(NodeView {
+                remaining: u64::try_from(int(pttl)?).ok().map(Duration::from_millis),
+                fence: u64::try_from(int(fence)?).ok(),
+                holders: count(int(holders)?),
+                queued: count(int(queued)?),
+                owners,
+            }))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,249 @@
+//! The key layout of a lock on Redis: its lock key, fence counter, release channel and fair
+//! queue, all in one Cluster slot, and the way back from a key to its lock's name.
+
+use std::borrow::Cow;
+
+/// The Redis lock key, fence counter key and release channel of the lock `name` under `prefix`,
+/// in that order.
+///
+/// The layout is injective: no two names (and no name and kind) share a key, whatever braces the
+/// names contain. All three carry one Redis Cluster hash tag, so they live in one slot:
+/// - a name without a hash tag is escaped (`%` -> `%25`, `{` -> `%7B`, `}` -> `%7D`) and wrapped
+///   in braces: `lock:{wallet:42}`, `lock:{wallet:42}:fence`, `lock:{wallet:42}:released`;
+/// - a name with a hash tag `{t}` keeps `t` as the tag, so names that share a tag share a slot,
+///   followed by `=` and the escaped name: `lock:{t}=a:%7Bt%7D`, `lock:{t}:fence=a:%7Bt%7D`, ...
+///
+/// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
+/// (or, for fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
+pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+    let keys = LockKeys::new(prefix, name);
+    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| keys.of(kind))
+}
+
+/// The Redis key (or channel) of `kind` of the lock `name` under `prefix` (see [`redis_keys`]).
+pub fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
+    LockKeys::new(prefix, name).of(kind)
+}
+
+/// What every key of one lock shares, so that the name is escaped once for all of them:
+/// `prefix{tag}` before the kind's suffix, and `=escaped-name` after it (nothing when the name
+/// is its own tag).
+pub(crate) struct LockKeys {
+    head: String,
+    tail: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> LockKeys {
+        let escaped = escape(name);
+        match hash_tag(name) {
+            Some(tag) => LockKeys {
+                head: [prefix, "{", tag, "}"].concat(),
+                tail: ["=", &escaped].concat(),
+            },
+            None => LockKeys {
+                head: [prefix, "{", &escaped, "}"].concat(),
+                tail: String::new(),
+            },
+        }
+    }
+
+    /// The key (or channel) of `kind`.
+    pub(crate) fn of(&self, kind: KeyKind) -> String {
+        [&*self.head, kind.suffix(), &*self.tail].concat()
+    }
+}
+
+/// Which of a lock's Redis keys [`lock_name_of`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// The lock key itself.
+    Lock,
+    /// The fence counter.
+    Fence,
+    /// The release channel.
+    Released,
+    /// A fair lock's waiters, scored by ticket (arrival).
+    Queue,
+    /// A fair lock's waiters, scored by the expiry of their entry's lease.
+    QueueLeases,
+}
+
+impl KeyKind {
+    fn suffix(self) -> &'static str {
+        match self {
+            KeyKind::Lock => "",
+            KeyKind::Fence => ":fence",
+            KeyKind::Released => ":released",
+            KeyKind::Queue => ":queue",
+            KeyKind::QueueLeases => ":queue-leases",
+        }
+    }
+}
+
+/// The lock name whose Redis key (or channel) of `kind` under `prefix` is `key`: the inverse of
+/// [`redis_keys`]. `None` for anything else.
+pub fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
+    let close = rest.find('}')?;
+    let (inner, after) = (&rest[..close], &rest[close + 1..]);
+    let after = after.strip_prefix(kind.suffix())?;
+    let name = if after.is_empty() {
+        unescape(inner)?
+    } else {
+        unescape(after.strip_prefix('=')?)?
+    };
+    (redis_key(prefix, &name, kind) == key).then_some(name)
+}
+
+fn unescape(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let (code, tail) = (rest.get(i + 1..i + 3)?, &rest[i + 3..]);
+        out.push(match code {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = tail;
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The part of `key` Redis Cluster hashes when it has a hash tag: the text between the first `{`
+/// and the next `}`, when not empty.
+pub(in crate::backend) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+fn escape(name: &str) -> Cow<'_, str> {
+    if !name.contains(['%', '{', '}']) {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_layout() {
+        let keys = |name: &str| redis_keys("lock:", name);
+        assert_eq!(
+            keys("wallet:42"),
+            [
+                "lock:{wallet:42}",
+                "lock:{wallet:42}:fence",
+                "lock:{wallet:42}:released"
+            ]
+        );
+        assert_eq!(keys("a{t}b")[0], "lock:{t}=a%7Bt%7Db");
+        assert_eq!(keys("a{t}b")[1], "lock:{t}:fence=a%7Bt%7Db");
+        assert_eq!(keys("odd{}")[0], "lock:{odd%7B%7D}");
+    }
+
+    #[test]
+    fn key_layout_is_injective() {
+        let names = [
+            "x",
+            "{x}",
+            "{x}:fence",
+            "{x}:released",
+            "x:fence",
+            "x}",
+            "{x",
+            "%7Bx%7D",
+            "x=",
+            "{x}=",
+            "{x}=%7Bx%7D",
+            "a{x}",
+            "{x}a",
+            "",
+            "{}",
+            "{{x}",
+            "%",
+            "%25",
+            "x:released",
+            "{y}:fence",
+            "y",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for name in names {
+            for (kind, key) in keys_of(name).into_iter().enumerate() {
+                if let Some(other) = seen.insert(key.clone(), (name, kind)) {
+                    panic!("{key} is both {other:?} and {:?}", (name, kind));
+                }
+            }
+        }
+    }
+
+    fn keys_of(name: &str) -> [String; 3] {
+        redis_keys("lock:", name)
+    }
+
+    #[test]
+    fn names_read_back_from_their_keys() {
+        for name in [
+            "wallet:42",
+            "a{t}b",
+            "{x}",
+            "a}b",
+            "{{x}",
+            "x{}",
+            "%",
+            "x=y",
+            "{x}:fence",
+        ] {
+            let keys = redis_keys("lock:", name);
+            for (kind, key) in [KeyKind::Lock, KeyKind::Fence, KeyKind::Released]
+                .into_iter()
+                .zip(&keys)
+            {
+                assert_eq!(
+                    lock_name_of("lock:", key, kind).as_deref(),
+                    Some(name),
+                    "{key}"
+                );
+            }
+            assert_eq!(
+                lock_name_of("lock:", &keys[1], KeyKind::Lock),
+                None,
+                "{name}"
+            );
+            assert_eq!(
+                lock_name_of("other:", &keys[0], KeyKind::Lock),
+                None,
+                "{name}"
+            );
+        }
+        assert_eq!(lock_name_of("lock:", "lock:{a%zz}", KeyKind::Lock), None);
+        assert_eq!(lock_name_of("lock:", "unrelated", KeyKind::Lock), None);
+    }
+
+    #[test]
+    fn the_three_keys_share_a_slot() {
+        for name in ["wallet:42", "a{t}b", "{x}", "a}b", "{{x}", "x{}"] {
+            let keys = redis_keys("lock:", name);
+            let tags: Vec<_> = keys.iter().map(|k| hash_tag(k)).collect();
+            assert!(tags[0].is_some(), "{name}: {keys:?}");
+            assert!(tags.iter().all(|t| *t == tags[0]), "{name}: {keys:?}");
+        }
+        assert_eq!(hash_tag(&redis_keys("lock:", "a{t}b")[0]), Some("t"));
+    }
+}

@@ -1,0 +1,168 @@
+//! One Redis master: the node the rest of the crate sees, over its key layout ([`keys`]), its
+//! script calls ([`calls`]) and its release notifications ([`pubsub`]); its URLs ([`addr`]), and
+//! the single-node backend ([`single`]).
+
+mod addr;
+mod calls;
+mod keys;
+mod pubsub;
+mod single;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::RedisError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::wait_pool::WaitPool;
+use super::{
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+};
+use crate::config::Settings;
+use crate::error::{LockError, NodeFailure};
+use crate::wait::WakeRegistry;
+
+pub(crate) use addr::NodeAddr;
+pub(crate) use calls::{Calls, decode_inspect};
+pub(in crate::backend) use keys::hash_tag;
+pub use keys::{KeyKind, lock_name_of, redis_key, redis_keys};
+pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
+pub(crate) use single::{SingleConfig, ValidSingle};
+
+/// One Redis node: a multiplexed, reconnecting connection shared by every lock, and a lazily
+/// started second connection (RESP3, resubscribing after reconnects) for release notifications.
+pub(crate) struct RedisNode {
+    calls: Calls,
+    conn: ConnectionManager,
+    subs: Arc<Subscriptions>,
+}
+
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        self.subs.node_dropped();
+    }
+}
+
+impl std::fmt::Debug for RedisNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisNode")
+            .field("node", &self.calls.addr)
+            .finish()
+    }
+}
+
+impl RedisNode {
+    /// Must run inside the library's runtime: the connection manager spawns its tasks there.
+    pub(crate) fn new(
+        addr: &NodeAddr,
+        field: &'static str,
+        settings: &Settings,
+        wakers: Arc<WakeRegistry>,
+    ) -> Result<Self, LockError> {
+        let invalid =
+            |e: RedisError| LockError::config(field, format!("{}: {}", addr.name, e.category()));
+        let info = settings.tls.apply(addr.info.clone()).map_err(invalid)?;
+        let client = redis::Client::open(info.clone()).map_err(invalid)?;
+        let waits = settings.min_replicas.map(|_| {
+            WaitPool::new(
+                client.clone(),
+                settings.connect_timeout,
+                settings.response_timeout,
+            )
+        });
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(settings.connect_timeout);
+        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
+        let resp3 = info.clone().set_redis_settings(
+            info.redis_settings()
+                .clone()
+                .set_protocol(redis::ProtocolVersion::RESP3),
+        );
+        let notify_client = redis::Client::open(resp3).map_err(invalid)?;
+        let (connect_timeout, response_timeout) =
+            (settings.connect_timeout, settings.response_timeout);
+        let open: OpenPubSub = Box::new(move |on_push| {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(response_timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(connect_timeout)
+                .set_push_sender(move |push| on_push(push))
+                .set_automatic_resubscription();
+            let conn = ConnectionManager::new_lazy_with_config(notify_client.clone(), config);
+            Box::pin(async move { conn.map(|c| Box::new(c) as Box<dyn PubSub>) })
+        });
+        let mut calls = Calls::new(addr.name.clone(), settings, "PUBLISH", true);
+        calls.waits = waits;
+        Ok(RedisNode {
+            calls,
+            conn,
+            subs: Subscriptions::new(open, wakers, settings),
+        })
+    }
+}
+
+impl Node for RedisNode {
+    fn addr(&self) -> &str {
+        &self.calls.addr
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+        Box::pin(self.calls.inspect(&self.conn, name))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(self.calls.force_release(&self.conn, name))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        ask: Ask,
+    ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
+        Box::pin(self.calls.acquire(&self.conn, names, token, ask))
+    }
+
+    fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
+        Box::pin(self.calls.extend_many(&self.conn, items))
+    }
+
+    fn release<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        mode: Mode,
+        wake: bool,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(self.calls.release(&self.conn, names, token, mode, wake))
+    }
+
+    fn keep<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        left: Duration,
+    ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
+        Box::pin(self.calls.keep(&self.conn, names, token, left))
+    }
+
+    fn raise_fences<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        fences: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), NodeFailure>> {
+        Box::pin(self.calls.raise_fences(&self.conn, names, fences))
+    }
+
+    fn watch(&self, name: &str) -> Subscription {
+        let [_, _, channel] = self.calls.keys(name);
+        self.subs.watch(name, channel)
+    }
+}

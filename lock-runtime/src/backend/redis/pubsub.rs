@@ -1,0 +1,257 @@
+//! Release notifications: the pub/sub connection of one node, the channels its waiters listen
+//! on, and what a release message says.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{PushKind, RedisResult};
+use tokio::sync::{Notify, watch};
+
+use crate::backend::{BoxFuture, Subscription};
+use crate::config::Settings;
+use crate::wait::{HandOff, WakeRegistry};
+
+/// A pub/sub connection: plain channels on one node, sharded channels on a cluster.
+pub(crate) trait PubSub: Send + 'static {
+    fn subscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>>;
+    fn unsubscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>>;
+}
+
+impl PubSub for ConnectionManager {
+    fn subscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ConnectionManager::subscribe(self, channels))
+    }
+
+    fn unsubscribe<'a>(&'a mut self, channels: &'a [String]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ConnectionManager::unsubscribe(self, channels))
+    }
+}
+
+/// Where pushes (messages, disconnections) of the notification connection go.
+pub(crate) type PushFn =
+    Arc<dyn Fn(redis::PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync>;
+
+/// Opens the notification connection (lazily connecting, resubscribing after reconnects).
+pub(crate) type OpenPubSub =
+    Box<dyn Fn(PushFn) -> BoxFuture<'static, RedisResult<Box<dyn PubSub>>> + Send + Sync>;
+
+/// The release channels this node's waiters listen on, and the task that keeps the notification
+/// connection subscribed to exactly those.
+///
+/// One task per node applies changes in order (so an unsubscribe never overtakes a later
+/// subscribe of the same channel) and in batches: a frozen or dead node costs one request timeout
+/// per round, whatever the number of waiters, and no waiter ever waits for it (waiters only
+/// learn, through `confirmed`, when their releases can no longer be missed).
+pub(crate) struct Subscriptions {
+    table: Mutex<HashMap<String, Entry>>,
+    kick: Notify,
+    started: OnceLock<()>,
+    open: OpenPubSub,
+    wakers: Arc<WakeRegistry>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+struct Entry {
+    name: Arc<str>,
+    waiters: usize,
+    /// `Some(true)` once subscribed on the server, `Some(false)` when that failed.
+    confirmed: watch::Sender<Option<bool>>,
+}
+
+impl Subscriptions {
+    pub(crate) fn new(
+        open: OpenPubSub,
+        wakers: Arc<WakeRegistry>,
+        settings: &Settings,
+    ) -> Arc<Self> {
+        Arc::new(Subscriptions {
+            table: Mutex::new(HashMap::new()),
+            kick: Notify::new(),
+            started: OnceLock::new(),
+            open,
+            wakers,
+            connect_timeout: settings.connect_timeout,
+            response_timeout: settings.response_timeout,
+        })
+    }
+
+    /// A waiter's interest in `channel`, the release channel of the lock `name`.
+    pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
+        let confirmed = {
+            let mut table = self.table();
+            let entry = table.entry(channel.clone()).or_insert_with(|| Entry {
+                name: name.into(),
+                waiters: 0,
+                confirmed: watch::channel(None).0,
+            });
+            entry.waiters += 1;
+            if *entry.confirmed.borrow() == Some(false) {
+                // The last try failed: this waiter waits for the next one.
+                entry.confirmed.send_replace(None);
+            }
+            entry.confirmed.subscribe()
+        };
+        self.start();
+        self.kick.notify_one();
+        let mut confirmed = confirmed;
+        Subscription {
+            confirmed: Box::pin(async move {
+                match confirmed.wait_for(Option::is_some).await {
+                    Ok(value) => value.unwrap_or(false),
+                    Err(_) => false,
+                }
+            }),
+            keep: Some(Box::new(Unwatch {
+                subs: Arc::clone(self),
+                channel,
+            })),
+        }
+    }
+
+    /// Lets the notification task notice that its node is gone.
+    pub(crate) fn node_dropped(&self) {
+        self.kick.notify_one();
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn start(self: &Arc<Self>) {
+        self.started.get_or_init(|| {
+            tokio::spawn(Arc::clone(self).run());
+        });
+    }
+
+    /// Keeps the server's subscriptions equal to the table's channels.
+    async fn run(self: Arc<Self>) {
+        let me = Arc::downgrade(&self);
+        let wakers = Arc::clone(&self.wakers);
+        let on_push = move |push: redis::PushInfo| {
+            let Some(subs) = me.upgrade() else {
+                return Ok(());
+            };
+            match push.kind {
+                PushKind::Message | PushKind::SMessage => {
+                    if let Some(redis::Value::BulkString(channel)) = push.data.first() {
+                        let name = std::str::from_utf8(channel)
+                            .ok()
+                            .and_then(|c| subs.table().get(c).map(|e| Arc::clone(&e.name)));
+                        if let Some(name) = name {
+                            let (ticket, hand_off) = match push.data.get(1) {
+                                Some(redis::Value::BulkString(payload)) => hand_off(payload),
+                                _ => (0, None),
+                            };
+                            wakers.notify_for(&name, ticket, hand_off);
+                        }
+                    }
+                }
+                // Releases may have been missed while disconnected: every waiter retries now.
+                PushKind::Disconnection => wakers.notify_all(),
+                _ => {}
+            }
+            Ok::<(), redis::aio::SendError>(())
+        };
+        let mut conn = match (self.open)(Arc::new(on_push)).await {
+            Ok(conn) => conn,
+            Err(err) => {
+                tracing::warn!(%err, "release notifications unavailable; waiters rely on backoff");
+                return;
+            }
+        };
+        let mut subscribed: HashSet<String> = HashSet::new();
+        loop {
+            self.kick.notified().await;
+            if Arc::strong_count(&self) == 1 {
+                return; // the node is gone
+            }
+            let (add, remove) = {
+                let mut table = self.table();
+                table.retain(|_, e| e.waiters > 0);
+                let add: Vec<String> = table
+                    .iter()
+                    .filter(|(c, e)| {
+                        !subscribed.contains(*c) || *e.confirmed.borrow() != Some(true)
+                    })
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                let remove: Vec<String> = subscribed
+                    .iter()
+                    .filter(|c| !table.contains_key(*c))
+                    .cloned()
+                    .collect();
+                (add, remove)
+            };
+            if !remove.is_empty() {
+                let done =
+                    tokio::time::timeout(self.response_timeout, conn.unsubscribe(&remove)).await;
+                if matches!(done, Ok(Ok(()))) {
+                    for c in &remove {
+                        subscribed.remove(c);
+                    }
+                }
+            }
+            if add.is_empty() {
+                continue;
+            }
+            let bound = self.connect_timeout.saturating_add(self.response_timeout);
+            let ok = matches!(
+                tokio::time::timeout(bound, conn.subscribe(&add)).await,
+                Ok(Ok(()))
+            );
+            let table = self.table();
+            for c in add {
+                if ok {
+                    subscribed.insert(c.clone());
+                }
+                if let Some(entry) = table.get(&c) {
+                    entry.confirmed.send_replace(Some(ok));
+                }
+            }
+        }
+    }
+}
+
+/// Drops a waiter's interest in a channel.
+struct Unwatch {
+    subs: Arc<Subscriptions>,
+    channel: String,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        let last = {
+            let mut table = self.subs.table();
+            match table.get_mut(&self.channel) {
+                Some(entry) => {
+                    entry.waiters -= 1;
+                    entry.waiters == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            self.subs.kick.notify_one();
+        }
+    }
+}
+
+/// What a release message says: a fair lock's hand-off names the waiter it went to by ticket,
+/// with the new fence and the digest of its token (see `scripts::FAIR_RELEASE`); anything else
+/// ("", garbage) is for every waiter (ticket 0).
+fn hand_off(payload: &[u8]) -> (u64, Option<HandOff>) {
+    let text = std::str::from_utf8(payload).unwrap_or_default();
+    let mut parts = text.split(' ');
+    let Some(ticket) = parts.next().and_then(|t| t.parse::<u64>().ok()) else {
+        return (0, None);
+    };
+    let fence = parts.next().and_then(|f| f.parse::<u64>().ok());
+    let digest = parts.next().and_then(|d| u64::from_str_radix(d, 16).ok());
+    match (fence, digest) {
+        (Some(fence), Some(digest)) => (ticket, Some(HandOff { fence, digest })),
+        _ => (ticket, None),
+    }
+}

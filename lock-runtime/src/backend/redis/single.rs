@@ -1,0 +1,51 @@
+//! The single-node backend: one Redis master ([`LockConfig::single`](crate::LockConfig::single),
+//! and Redlock over one node).
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{NodeAddr, RedisNode};
+use crate::backend::{Backend, BackendConfig, BackendKind, ValidBackend};
+use crate::config::{Settings, redact};
+use crate::error::LockError;
+use crate::wait::WakeRegistry;
+
+/// What [`LockConfig::single`](crate::LockConfig::single) stores.
+#[derive(Clone)]
+pub(crate) struct SingleConfig {
+    pub(crate) url: String,
+}
+
+impl BackendConfig for SingleConfig {
+    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
+        Ok(Box::new(ValidSingle {
+            addr: NodeAddr::parse("url", &self.url)?,
+            field: "url",
+        }))
+    }
+
+    fn fmt_redacted(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "single({})", redact(&self.url))
+    }
+}
+
+/// One Redis master, and the argument its URL came from (for errors).
+pub(crate) struct ValidSingle {
+    pub(crate) addr: NodeAddr,
+    pub(crate) field: &'static str,
+}
+
+impl ValidBackend for ValidSingle {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Single
+    }
+
+    fn uses_tls(&self) -> bool {
+        self.addr.uses_tls()
+    }
+
+    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        let node = RedisNode::new(&self.addr, self.field, settings, wakers)?;
+        Ok(Backend::One(Arc::new(node)))
+    }
+}
