@@ -19,6 +19,7 @@ use std::task::{Context, Poll, ready};
 use tokio::runtime::{Handle, Runtime};
 
 use crate::LockError;
+use crate::callers::{self, Route, Routed};
 use crate::signal::Signal;
 
 /// Connections, renewal and releases live here unless the config names a runtime, so locks keep
@@ -72,12 +73,21 @@ where
         let _raise_on_drop = RaiseOnDrop(gone);
         return rx.await.map_err(|_| stopped());
     }
+    // A caller on a runtime of its own sends its requests over that runtime's connections.
+    let route = if is_library(runtime) {
+        callers::caller(runtime).map(Route::new)
+    } else {
+        None
+    };
     let work = {
         let _context = runtime.enter();
         work(Arc::clone(&gone))
     };
     Ok(InPlace {
-        work: Some(Box::pin(work)),
+        work: Some(Routed {
+            route,
+            work: Box::pin(work),
+        }),
         runtime: runtime.clone(),
         gone,
     }
@@ -124,9 +134,10 @@ fn stopped() -> LockError {
 /// Runs `work` in place with `runtime`'s context entered around each poll; if dropped before it
 /// finishes, `gone` is raised and the rest runs as a task on `runtime`, so a request already
 /// sent is never cut off halfway. Whatever the caller no longer takes (say a guard) is then
-/// dropped on the runtime.
+/// dropped on the runtime. Either way its requests keep going over the caller's connections
+/// (see [`callers`]), so a request sent later (a cleanup) never overtakes an earlier one.
 struct InPlace<F: Future<Output: Send> + Send + 'static> {
-    work: Option<Pin<Box<F>>>,
+    work: Option<Routed<Pin<Box<F>>>>,
     runtime: Handle,
     gone: Arc<Signal>,
 }
@@ -150,7 +161,7 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
         };
         let out = {
             let _context = this.runtime.enter();
-            ready!(work.as_mut().poll(cx))
+            ready!(Pin::new(work).poll(cx))
         };
         self.work = None;
         Poll::Ready(out)

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::acquire::{self, NotifyOrBackoff, Request};
 use crate::backend::{Backend, BackendKind, Mode, Names, Token};
+use crate::callers::{self, Routed};
 use crate::config::{LockConfig, Settings};
 use crate::error::LockError;
 use crate::hold::{self, Hold};
@@ -258,28 +259,35 @@ impl Engine {
     /// answers (for up to a minute, or the TTL when longer). An attempt sent before a freeze or a
     /// reset connection can still run when the server resumes; a release answered after the
     /// resume runs after it, so no grant of a failed call outlives the call by more than that.
+    /// It goes over the connection the acquisition's requests went over (see [`callers`]): a
+    /// release on another connection could overtake a request still on its way.
     fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration) {
         let backend = Arc::clone(&self.backend);
-        self.background.spawn_on(
-            async move {
-                let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
-                let mut pause = Duration::from_millis(50);
-                loop {
-                    match backend.release(&names, &token, mode, false).await {
-                        Ok(_) => return,
-                        Err(causes)
-                            if Instant::now() < give_up
-                                && causes.iter().all(|c| c.kind.is_transient()) =>
-                        {
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(Duration::from_secs(1));
-                        }
-                        Err(causes) => {
-                            events::cleanup_failed(&names[0], &causes);
-                            return;
-                        }
+        let route = callers::current();
+        let cleanup = Box::pin(async move {
+            let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match backend.release(&names, &token, mode, false).await {
+                    Ok(_) => return,
+                    Err(causes)
+                        if Instant::now() < give_up
+                            && causes.iter().all(|c| c.kind.is_transient()) =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                    Err(causes) => {
+                        events::cleanup_failed(&names[0], &causes);
+                        return;
                     }
                 }
+            }
+        });
+        self.background.spawn_on(
+            Routed {
+                route,
+                work: cleanup,
             },
             &self.runtime,
         );

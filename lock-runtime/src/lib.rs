@@ -437,6 +437,7 @@ mod acquire;
 mod atomic_instant;
 mod backend;
 mod bridge;
+mod callers;
 mod client;
 mod config;
 mod election;

@@ -13,7 +13,7 @@ use lock_runtime::{FailureKind, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, KeyEvents, RedisServer, SCHEDULING_SLACK, ServerOptions, Worker,
     assert_lost_at_the_deadline, bounded, capture, client, default_validity, free_port, lock_keys,
-    unique_key, wait_until_async, warm_up,
+    unique_key, wait_until, wait_until_async, warm_up,
 };
 
 /// The Redis key of lock `name` under the default prefix.
@@ -369,8 +369,20 @@ async fn cut_connections_while_held_are_not_a_loss() {
 /// Redis (a keyspace `set` event after the call returned); the cleanup release, sent when the call
 /// failed, follows it down the same link: the grant is deleted within one request timeout of
 /// landing (+ slack), not by its 30 s ttl. With a wait, the same token is retried and wins.
+/// From a current-thread runtime the calls go over the client's shared connection.
 #[tokio::test]
 async fn acquire_with_unknown_outcome_leaves_no_orphan() {
+    unknown_outcome_leaves_no_orphan(false).await;
+}
+
+/// The same from a multi-thread runtime, whose calls go over a connection of its own (made once
+/// the shared one is): the cleanup follows the acquire down that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_with_unknown_outcome_over_the_callers_connection_leaves_no_orphan() {
+    unknown_outcome_leaves_no_orphan(true).await;
+}
+
+async fn unknown_outcome_leaves_no_orphan(callers_own: bool) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let (connect, response) = (Duration::from_millis(200), Duration::from_millis(200));
@@ -385,6 +397,13 @@ async fn acquire_with_unknown_outcome_leaves_no_orphan() {
     let ttl = Duration::from_secs(30);
     // Connect through the proxy first, so only the acquire itself is slow.
     warm_up(&locks).await;
+    if callers_own {
+        // The shared connection and the runtime's own: nothing else has connected yet.
+        let made = || server.client_ids().len() == 2;
+        tokio::task::block_in_place(|| {
+            wait_until(Duration::from_secs(2), "the runtime's connection", made)
+        });
+    }
     let events = KeyEvents::watch(&server, &lock);
 
     proxy.set_delay(Duration::from_millis(400));

@@ -804,7 +804,7 @@ impl ValidBackend for ValidRedlock {
             .nodes
             .iter()
             .map(|addr| -> Result<Arc<dyn Node>, LockError> {
-                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers))?;
+                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers), false)?;
                 Ok(Arc::new(node))
             })
             .collect::<Result<_, _>>()?;

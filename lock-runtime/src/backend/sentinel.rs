@@ -210,6 +210,7 @@ impl SentinelNode {
             "sentinel_urls",
             &self.settings,
             Arc::clone(&self.wakers),
+            false,
         )
         .map(Arc::new)
         .map_err(|e| NodeFailure::response(&self.label, &e.to_string()))?;

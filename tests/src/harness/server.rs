@@ -155,6 +155,23 @@ impl RedisServer {
         })
     }
 
+    /// The ids of the clients connected (`CLIENT LIST`), but the one asking; ids grow with each
+    /// connection.
+    pub fn client_ids(&self) -> Vec<u64> {
+        let mut admin = self.admin();
+        let mut asked = || -> redis::RedisResult<(u64, String)> {
+            let me = redis::cmd("CLIENT").arg("ID").query(&mut admin)?;
+            let list = redis::cmd("CLIENT").arg("LIST").query(&mut admin)?;
+            Ok((me, list))
+        };
+        let (me, list) =
+            asked().unwrap_or_else(|e| panic!("CLIENT LIST on port {} failed: {e}", self.port));
+        list.lines()
+            .filter_map(|line| line.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+            .filter(|id| *id != me)
+            .collect()
+    }
+
     /// `KEYS pattern` as admin, sorted.
     pub fn keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = redis::cmd("KEYS")

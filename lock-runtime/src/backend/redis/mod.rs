@@ -5,10 +5,12 @@
 mod addr;
 mod calls;
 mod keys;
+mod local;
 mod pubsub;
 mod single;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::RedisError;
@@ -30,10 +32,14 @@ pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
 pub(crate) use single::{SingleConfig, ValidSingle};
 
 /// One Redis node: a multiplexed, reconnecting connection shared by every lock, and a lazily
-/// started second connection (RESP3, resubscribing after reconnects) for release notifications.
+/// started second connection (RESP3, resubscribing after reconnects) for release notifications;
+/// for a single node, also one connection per caller's runtime ([`local`]).
 pub(crate) struct RedisNode {
     calls: Calls,
     conn: ConnectionManager,
+    /// Whether a request over `conn` was answered: callers' connections are made after it.
+    shared_made: AtomicBool,
+    locals: Option<Arc<local::Locals>>,
     subs: Arc<Subscriptions>,
 }
 
@@ -53,11 +59,15 @@ impl std::fmt::Debug for RedisNode {
 
 impl RedisNode {
     /// Must run inside the library's runtime: the connection manager spawns its tasks there.
+    /// `callers`: whether calls from callers' runtimes go over connections of their own (a
+    /// single node; not a Sentinel's master, which is replaced on failover, nor Redlock's
+    /// nodes, whose requests run as tasks of the library's runtime).
     pub(crate) fn new(
         addr: &NodeAddr,
         field: &'static str,
         settings: &Settings,
         wakers: Arc<WakeRegistry>,
+        callers: bool,
     ) -> Result<Self, LockError> {
         let invalid =
             |e: RedisError| LockError::config(field, format!("{}: {}", addr.name, e.category()));
@@ -75,6 +85,8 @@ impl RedisNode {
             .set_response_timeout(Some(settings.response_timeout))
             .set_number_of_retries(1)
             .set_max_delay(settings.connect_timeout);
+        let locals = callers
+            .then(|| local::Locals::new(client.clone(), config.clone(), settings.connect_timeout));
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
         let resp3 = info.clone().set_redis_settings(
             info.redis_settings()
@@ -100,8 +112,46 @@ impl RedisNode {
         Ok(RedisNode {
             calls,
             conn,
+            shared_made: AtomicBool::new(false),
+            locals,
             subs: Subscriptions::new(open, wakers, settings),
         })
+    }
+
+    /// The connection a request goes over: the caller's own when its call has one (see
+    /// [`local`]), else the shared one.
+    fn conn(&self) -> Conn<'_> {
+        if let Some(locals) = &self.locals
+            && let Some(route) = crate::callers::current()
+            && let Some(conn) = locals.for_call(&route, || self.shared_made.load(Ordering::Relaxed))
+        {
+            return Conn::Local(conn);
+        }
+        Conn::Shared(self)
+    }
+}
+
+/// Where a request goes: see [`RedisNode::conn`].
+enum Conn<'a> {
+    Shared(&'a RedisNode),
+    Local(ConnectionManager),
+}
+
+impl Conn<'_> {
+    fn get(&self) -> &ConnectionManager {
+        match self {
+            Conn::Shared(node) => &node.conn,
+            Conn::Local(conn) => conn,
+        }
+    }
+
+    /// Notes an answer over the shared connection: it is made.
+    fn answered<T, E>(&self, result: &Result<T, E>) {
+        if let Conn::Shared(node) = self
+            && result.is_ok()
+        {
+            node.shared_made.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -127,7 +177,12 @@ impl Node for RedisNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        Box::pin(self.calls.acquire(&self.conn, names, token, ask))
+        let conn = self.conn();
+        Box::pin(async move {
+            let attempt = self.calls.acquire(conn.get(), names, token, ask).await;
+            conn.answered(&attempt);
+            attempt
+        })
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -141,7 +196,15 @@ impl Node for RedisNode {
         mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(self.calls.release(&self.conn, names, token, mode, wake))
+        let conn = self.conn();
+        Box::pin(async move {
+            let released = self
+                .calls
+                .release(conn.get(), names, token, mode, wake)
+                .await;
+            conn.answered(&released);
+            released
+        })
     }
 
     fn keep<'a>(
@@ -150,7 +213,8 @@ impl Node for RedisNode {
         token: &'a Token,
         left: Duration,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        Box::pin(self.calls.keep(&self.conn, names, token, left))
+        let conn = self.conn();
+        Box::pin(async move { self.calls.keep(conn.get(), names, token, left).await })
     }
 
     fn raise_fences<'a>(

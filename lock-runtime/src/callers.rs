@@ -1,0 +1,241 @@
+//! Which runtime an async call comes from, and whether that runtime can carry the call's own
+//! requests (a connection of its own per Redis node, see `backend/redis/local.rs`).
+//!
+//! A request over a connection of the library's runtime crosses threads twice (the caller's
+//! task hands it to that runtime's connection task, whose reply wakes the caller), a request over
+//! a connection of the caller's own runtime does not. So a call made from a runtime that can
+//! host one goes over that runtime's connection, and [`bridge`](crate::bridge) says so by making
+//! the caller current (a thread-local) around each poll of the call's work.
+//!
+//! A runtime can host connections when it is multi-threaded (a current-thread runtime drives IO
+//! only inside `block_on`, so the cleanup of a call it dropped could stall until it next blocks)
+//! and has IO and time drivers. Tokio cannot be asked about the drivers, and using one that is
+//! missing panics, so each runtime is asked once, by using both under `catch_unwind`. The
+//! process's panic hook is wrapped once so that this one expected panic is not reported; every
+//! other panic reaches the hook that was there before. Builds with `panic = "abort"` cannot catch
+//! it and never ask: their calls go over the library's connections, as do sync callers.
+//!
+//! A runtime that shut down is forgotten: a task parked on it notices (tasks are dropped when
+//! their runtime shuts down), and its connections are dropped on their next look.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
+
+use tokio::runtime::{Handle, Id, RuntimeFlavor};
+
+/// A caller's runtime that can carry requests.
+#[derive(Clone)]
+pub(crate) struct Caller {
+    handle: Handle,
+    /// Lowered when the runtime shuts down.
+    alive: Arc<AtomicBool>,
+}
+
+impl Caller {
+    pub(crate) fn id(&self) -> Id {
+        self.handle.id()
+    }
+
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("id", &self.id())
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+/// What is known of each runtime that called: `None` for one that cannot carry requests.
+static RUNTIMES: LazyLock<Mutex<HashMap<Id, Option<Caller>>>> = LazyLock::new(Default::default);
+
+thread_local! {
+    /// The route of the call whose work this thread is polling (see [`Routed`]).
+    static CURRENT: RefCell<Option<Arc<Route>>> = const { RefCell::new(None) };
+    /// What this thread last learnt of its runtime: most threads only ever serve one.
+    static LAST: RefCell<Option<(Id, Option<Caller>)>> = const { RefCell::new(None) };
+    /// Set while this thread asks a runtime for its drivers: the panic hook stays silent.
+    static PROBING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The runtime the calling code runs on, if it can carry requests and is not `host` (the
+/// runtime the client's own connections live on: nothing to gain there).
+pub(crate) fn caller(host: &Handle) -> Option<Caller> {
+    let current = Handle::try_current().ok()?;
+    let id = current.id();
+    if id == host.id() {
+        return None;
+    }
+    let cached = LAST.with_borrow(|last| match last {
+        Some((last_id, caller)) if *last_id == id => Some(caller.clone()),
+        _ => None,
+    });
+    if let Some(caller) = cached {
+        match caller {
+            Some(c) if !c.is_alive() => {}
+            known => return known,
+        }
+    }
+    let caller = learn(current);
+    LAST.set(Some((id, caller.clone())));
+    caller
+}
+
+/// Looks `runtime` up, asking it about its drivers the first time.
+fn learn(runtime: Handle) -> Option<Caller> {
+    let id = runtime.id();
+    if let Some(known) = RUNTIMES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+    {
+        return known.clone();
+    }
+    let caller =
+        (runtime.runtime_flavor() == RuntimeFlavor::MultiThread && has_drivers()).then(|| Caller {
+            handle: runtime,
+            alive: Arc::new(AtomicBool::new(true)),
+        });
+    let mut runtimes = RUNTIMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(known) = runtimes.get(&id) {
+        // Another thread of the runtime was first.
+        return known.clone();
+    }
+    runtimes.insert(id, caller.clone());
+    drop(runtimes);
+    if let Some(c) = &caller {
+        // Dropped with the runtime's tasks when it shuts down (at once if it already has: the
+        // lock is not held here).
+        let watch = ForgetOnDrop {
+            id,
+            alive: Arc::clone(&c.alive),
+        };
+        c.handle.spawn(async move {
+            let _watch = watch;
+            std::future::pending::<()>().await;
+        });
+    }
+    caller
+}
+
+/// Forgets a runtime when the task that holds it is dropped: at the runtime's shutdown.
+struct ForgetOnDrop {
+    id: Id,
+    alive: Arc<AtomicBool>,
+}
+
+impl Drop for ForgetOnDrop {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Release);
+        RUNTIMES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+/// Whether the current runtime has an IO and a time driver.
+#[cfg(panic = "unwind")]
+fn has_drivers() -> bool {
+    static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+    QUIET_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !PROBING.get() {
+                previous(info);
+            }
+        }));
+    });
+    struct Probing;
+    impl Drop for Probing {
+        fn drop(&mut self) {
+            PROBING.set(false);
+        }
+    }
+    PROBING.set(true);
+    let _probing = Probing;
+    let asked = std::panic::catch_unwind(|| -> std::io::Result<()> {
+        let socket = std::net::UdpSocket::bind(("127.0.0.1", 0))?;
+        socket.set_nonblocking(true)?;
+        // Both panic when the runtime lacks the driver.
+        drop(tokio::net::UdpSocket::from_std(socket)?);
+        drop(tokio::time::sleep(std::time::Duration::ZERO));
+        Ok(())
+    });
+    matches!(asked, Ok(Ok(())))
+}
+
+/// Without unwinding the question cannot be asked safely: never.
+#[cfg(not(panic = "unwind"))]
+fn has_drivers() -> bool {
+    false
+}
+
+/// One call's way to the servers: its caller, and whether its requests go over the caller's
+/// connection, decided at its first request and kept for the rest of it (its retries and its
+/// cleanup), so that no request of the call overtakes an earlier one on another connection.
+#[derive(Debug)]
+pub(crate) struct Route {
+    caller: Caller,
+    local: OnceLock<bool>,
+}
+
+impl Route {
+    pub(crate) fn new(caller: Caller) -> Arc<Route> {
+        Arc::new(Route {
+            caller,
+            local: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// Whether the call goes over the caller's connection: `first` decides, at the call's first
+    /// request.
+    pub(crate) fn local(&self, first: impl FnOnce() -> bool) -> bool {
+        *self.local.get_or_init(first)
+    }
+}
+
+/// The route of the call whose work this thread is polling, if its caller can carry requests.
+pub(crate) fn current() -> Option<Arc<Route>> {
+    CURRENT.with_borrow(Clone::clone)
+}
+
+/// Polls `work` with `route` current, wherever it is polled (on the caller's task, or on the
+/// library's runtime once the caller stopped waiting or for the call's cleanup).
+pub(crate) struct Routed<F> {
+    pub(crate) route: Option<Arc<Route>>,
+    pub(crate) work: F,
+}
+
+impl<F: Future + Unpin> Future for Routed<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        /// Puts back the caller that was current, even if the poll panics.
+        struct Restore(Option<Arc<Route>>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CURRENT.set(self.0.take());
+            }
+        }
+        let this = &mut *self;
+        let _restore = Restore(CURRENT.replace(this.route.clone()));
+        Pin::new(&mut this.work).poll(cx)
+    }
+}

@@ -1,0 +1,221 @@
+//! Calls from a caller's multi-thread runtime go over a connection of that runtime (one per
+//! runtime and node), made after the node's shared connection; other callers (current-thread
+//! runtimes, runtimes without IO or time, sync code) go over the shared connection. Each test
+//! makes its own client, so the connections it counts are its own.
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_tests::{RedisServer, SCHEDULING_SLACK, unique_key, wait_until};
+
+fn kill(server: &RedisServer, id: u64) {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut server.admin())
+        .unwrap();
+    assert_eq!(killed, 1, "connection {id} was there to kill");
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A wait, so that a call that finds its connection killed connects again and goes on.
+async fn pair(client: &LockClient, key: &str) -> Result<(), LockError> {
+    client
+        .lock(key)
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await?
+        .release()
+        .await
+}
+
+/// A connection appears or goes away within this (made or closed in the background).
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// The first request goes over the shared connection; the runtime's own connection is made next,
+/// in the background. Once it is, the runtime's calls go over it: with the shared connection killed,
+/// twenty more calls succeed and the shared connection is not made again (a call over it would
+/// reconnect it). A second runtime gets a connection of its own; a runtime's connection closes
+/// when the runtime shuts down.
+#[test]
+fn each_callers_runtime_has_its_own_connection_and_it_closes_with_the_runtime() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let key = unique_key("callers:own");
+    let first = multi_thread();
+    first.block_on(pair(&client, &key)).unwrap();
+    wait_until(SETTLE, "the first runtime's connection is made", || {
+        server.client_ids().len() == 2
+    });
+    // Ids grow: the shared connection was made first.
+    let (shared, own) = match server.client_ids()[..] {
+        [a, b] => (a.min(b), a.max(b)),
+        ref other => panic!("two connections: {other:?}"),
+    };
+    kill(&server, shared);
+    first.block_on(async {
+        for _ in 0..20 {
+            pair(&client, &key).await.unwrap();
+        }
+    });
+    assert_eq!(
+        server.client_ids(),
+        vec![own],
+        "the calls went over the runtime's own connection"
+    );
+
+    let second = multi_thread();
+    second.block_on(async {
+        for _ in 0..3 {
+            pair(&client, &key).await.unwrap();
+        }
+    });
+    wait_until(SETTLE, "the second runtime's connection is made", || {
+        server.client_ids().len() == 3
+    });
+    drop(first);
+    wait_until(
+        SETTLE,
+        "the first runtime's connection closes with it",
+        || !server.client_ids().contains(&own),
+    );
+    second.block_on(pair(&client, &key)).unwrap();
+}
+
+/// A current-thread runtime, a multi-thread one without IO, one without time, and sync callers
+/// go over the shared connection: with it killed, their next call reconnects it, and no other
+/// connection is ever made.
+#[test]
+fn other_callers_go_over_the_shared_connection() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let key = unique_key("callers:shared");
+    let runtimes = [
+        (
+            "current-thread",
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+        (
+            "without IO",
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_time()
+                .build()
+                .unwrap(),
+        ),
+        (
+            "without time",
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_io()
+                .build()
+                .unwrap(),
+        ),
+    ];
+    let sync_call = || {
+        client
+            .lock(&key)
+            .wait(Duration::from_secs(2))
+            .acquire_blocking()
+            .and_then(|guard| guard.release_blocking())
+    };
+    sync_call().unwrap();
+    for (name, runtime) in &runtimes {
+        for _ in 0..2 {
+            let before = server.client_ids();
+            assert_eq!(before.len(), 1, "{name}: one connection: {before:?}");
+            kill(&server, before[0]);
+            runtime
+                .block_on(async {
+                    for _ in 0..5 {
+                        pair(&client, &key).await?;
+                    }
+                    Ok::<_, LockError>(())
+                })
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let after = server.client_ids();
+            assert!(
+                after.len() == 1 && after != before,
+                "{name}: the shared connection made again, and no other: {before:?} -> {after:?}"
+            );
+        }
+    }
+    let before = server.client_ids();
+    kill(&server, before[0]);
+    sync_call().unwrap();
+    let after = server.client_ids();
+    assert!(after.len() == 1 && after != before, "sync: {after:?}");
+}
+
+/// A lock taken over a runtime's connection outlives that runtime: it is renewed (over the shared
+/// connection) past two ttls after the runtime shut down, and released from another runtime.
+#[test]
+fn a_lock_outlives_the_runtime_that_took_it() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let key = unique_key("callers:outlives");
+    let ttl = Duration::from_secs(1);
+    let first = multi_thread();
+    first.block_on(pair(&client, &key)).unwrap();
+    wait_until(SETTLE, "the first runtime's connection is made", || {
+        server.client_ids().len() == 2
+    });
+    let guard = first
+        .block_on(client.lock(&key).ttl(ttl).acquire())
+        .unwrap();
+    drop(first);
+    std::thread::sleep(ttl * 2 + SCHEDULING_SLACK);
+    assert!(!guard.is_lost(), "renewed after its runtime shut down");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_tests::lock_keys(&key).lock)
+        .query(&mut server.admin())
+        .unwrap();
+    assert!(pttl > 0, "still on the server: pttl {pttl}");
+    let second = multi_thread();
+    second.block_on(guard.release()).unwrap();
+}
+
+/// A frozen server fails a call over a runtime's connection within the connect + response
+/// timeouts (the bound lives on the library's runtime) and the call is `Unavailable`.
+#[test]
+fn a_frozen_server_fails_a_call_over_a_runtimes_connection_in_time() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let client = LockClient::new(
+        LockConfig::single(server.url())
+            .connect_timeout(timeout)
+            .response_timeout(timeout),
+    )
+    .unwrap();
+    let key = unique_key("callers:frozen");
+    let runtime = multi_thread();
+    runtime.block_on(pair(&client, &key)).unwrap();
+    wait_until(SETTLE, "the runtime's connection is made", || {
+        server.client_ids().len() == 2
+    });
+    server.freeze();
+    let bound = timeout * 2 + SCHEDULING_SLACK;
+    let started = std::time::Instant::now();
+    let result = runtime
+        .block_on(async { tokio::time::timeout(bound * 2, client.lock(&key).acquire()).await })
+        .expect("a call to a frozen server answered")
+        .map(drop);
+    let took = started.elapsed();
+    server.thaw();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(took <= bound, "answered in {took:?}, bound {bound:?}");
+}
