@@ -3,6 +3,8 @@
 //! runtimes, runtimes without IO or time, sync code) go over the shared connection. Each test
 //! makes its own client, so the connections it counts are its own.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};

@@ -3,6 +3,8 @@
 //! process's panic hook, which still sees every other panic. Alone in its binary: it sets the
 //! panic hook, which is global.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
