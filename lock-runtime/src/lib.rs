@@ -274,7 +274,8 @@
 //! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
 //! jitter, renew interval, drift factor, connect and response timeouts, fencing, and the runtime
 //! that hosts connections ([`LockConfig::runtime`]: by default the library's own, so locks work
-//! from any runtime or none; a long-lived application runtime saves a thread hop per operation). `init`
+//! from any runtime or none, with calls on a single node from a multi-thread runtime going over a
+//! connection of that runtime; a long-lived application runtime can host everything). `init`
 //! validates everything (a bad value is `LockError::Config` naming the field) but does not
 //! connect: connections are made on first use. At the end of `main`, [`shutdown`] releases what is
 //! still held and waits (at most one request timeout) for releases still in flight. Passwords never appear in `Debug` or errors, and

@@ -310,13 +310,16 @@ impl LockConfig {
     /// Runs connections, renewal and lock operations on `runtime` (a multi-thread tokio runtime)
     /// instead of the library's own background runtime.
     ///
-    /// By default every lock operation hops to the library's runtime and back, which is what lets
-    /// locks work from any runtime, from several runtimes in turn, and from plain sync code. A
-    /// service with one long-lived runtime (say `#[tokio::main]`) can pass
-    /// `tokio::runtime::Handle::current()` here: calls made on that runtime then stay on it, which
-    /// roughly halves the CPU cost per lock (see the README's benchmark). The runtime must live as
-    /// long as any lock: once it shuts down, lock calls fail with [`LockError::Runtime`]. Sync lock
-    /// calls made on its worker threads use `block_in_place`, so they never starve it.
+    /// By default connections and renewal live on the library's runtime, which is what lets locks
+    /// work from any runtime, from several runtimes in turn, and from plain sync code; on a single
+    /// node, async calls from a multi-thread runtime with IO and time (say `#[tokio::main]` or
+    /// `#[tokio::test(flavor = "multi_thread")]`) still go over a connection of their own runtime
+    /// (made for it after its first call, closed when it shuts down), so they cross no threads.
+    /// Other calls (Redlock, Cluster, Sentinel, current-thread runtimes) hop to the library's
+    /// runtime and back. A service with one long-lived runtime can pass
+    /// `tokio::runtime::Handle::current()` here: everything then stays on it. The runtime must
+    /// live as long as any lock: once it shuts down, lock calls fail with [`LockError::Runtime`].
+    /// Sync lock calls made on its worker threads use `block_in_place`, so they never starve it.
     ///
     /// [`LockError::Runtime`]: crate::LockError::Runtime
     pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
