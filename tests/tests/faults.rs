@@ -364,6 +364,78 @@ async fn cut_connections_while_held_are_not_a_loss() {
 // ---------------------------------------------------------------------------------------------
 // 5. Unknown outcome of an acquire
 
+/// The server's clock in microseconds (`TIME`).
+fn server_clock_us(admin: &mut redis::Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(admin).unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// A same-token retry whose grant comes long after an earlier attempt of the same token landed
+/// (its reply lost) gets a token raised to its own grant's server clock, as every grant does (the
+/// clock is the floor that keeps tokens growing across what loses a counter): it used to answer
+/// the counter as the lost grant left it. The link delays each way by 400 ms with 200 ms
+/// timeouts, so the first attempt lands (keyspace `set`) but is never answered; the link heals
+/// 1.5 s in, and the retry that succeeds then finds the key ours. Its token is at least the
+/// server's clock read right after the acquire returned, less the transaction's lag
+/// (`FENCE_LAG_US`, 100 ms) and the slack for that read.
+#[tokio::test]
+async fn a_same_token_retry_long_after_its_lost_grant_gets_a_token_at_the_clock() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let timeout = Duration::from_millis(200);
+    let locks = client(
+        LockConfig::single(proxy.url())
+            .connect_timeout(timeout)
+            .response_timeout(timeout),
+    );
+    let key = unique_key("faults:same-token");
+    let lock = redis_key(&key);
+    warm_up(&locks).await;
+    let events = KeyEvents::watch(&server, &lock);
+    let mut admin = server.admin();
+    let heal_after = Duration::from_millis(1500);
+    proxy.set_delay(Duration::from_millis(400));
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(
+        bounded(
+            Duration::from_secs(15),
+            "acquire with wait through a slow link",
+            locks.lock(&key).wait(Duration::from_secs(5)).acquire(),
+        ),
+        async {
+            tokio::time::sleep(heal_after).await;
+            proxy.set_delay(Duration::ZERO);
+        },
+    );
+    let guard = result.expect("acquired once the link healed");
+    let clock_after = server_clock_us(&mut admin);
+    let returned = Instant::now();
+    let token = guard.fencing_token().expect("fencing is on");
+    // The cause: the same token's grant landed long before the one that was answered.
+    let first = events
+        .first_after(&lock, &["set"], started)
+        .expect("the first attempt's grant landed");
+    assert!(
+        returned - first.at >= Duration::from_millis(800),
+        "the first grant landed {:?} before the acquire returned: too close to show anything",
+        returned - first.at
+    );
+    let floor = clock_after - 100_000 - SCHEDULING_SLACK.as_micros() as u64;
+    eprintln!(
+        "same-token retry: first grant {:?} after the start, answered {:?}; token {token}, \
+         server clock after {clock_after} ({} us apart)",
+        first.at - started,
+        returned - started,
+        clock_after.saturating_sub(token)
+    );
+    assert!(
+        token >= floor,
+        "token {token} is {} us below the server's clock right after the grant",
+        clock_after.saturating_sub(token)
+    );
+    guard.release().await.unwrap();
+}
+
 /// A reply delayed past the response timeout (400 ms each way, timeout 200 ms): the outcome is
 /// unknown, so the call says `Unavailable` (a timeout, never `Contended`). The request did reach
 /// Redis (a keyspace `set` event after the call returned); the cleanup release, sent when the call

@@ -167,10 +167,13 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 pub(crate) const FENCE_LAG_US: i64 = 100_000;
 
 /// Lua that defines `grant_fence(k, ours)` and `new_fence(k)`: the fencing token of a grant for
-/// fence counter `k` (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`) answers the
-/// current value when it was raised to a clock at some point (at least `1e15`, the server's clock
-/// in microseconds in September 2001); a new grant counts on, and is never below the server's
-/// clock in microseconds.
+/// fence counter `k` (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`: a resent
+/// attempt whose earlier grant's reply was lost, or a fair hand-off's waiter) answers the current
+/// value while it is within [`FENCE_LAG_US`] of the server's clock (and was raised to a clock at
+/// some point: at least `1e15`, the server's clock in microseconds in September 2001); otherwise,
+/// like a new grant, it counts on, never below the server's clock in microseconds. A retry long
+/// after its lost grant is a grant of its own: answering the old value would hand out a token far
+/// below its grant's clock.
 ///
 /// The clock is the floor that makes tokens grow across what loses the counter or part of its
 /// history: a counter that did not exist (first grant of the key, evicted, Redis restarted
@@ -181,6 +184,7 @@ pub(crate) const FENCE_LAG_US: i64 = 100_000;
 /// so a token handed out after the loss exceeds every token before it as long as the clock did
 /// not go back by more than the time between the two grants, less the lag.
 const FENCE: &str = r"
+local LAG_US = 100000
 local function new_fence(k)
   local f = redis.call('INCR', k)
   local t = redis.call('TIME')
@@ -194,7 +198,10 @@ end
 local function grant_fence(k, ours)
   if ARGV[3] ~= '1' then return 0 end
   local f = ours and tonumber(redis.call('GET', k) or '')
-  if f and f >= 1e15 then return f end
+  if f and f >= 1e15 then
+    local t = redis.call('TIME')
+    if f >= tonumber(t[1]) * 1000000 + tonumber(t[2]) - LAG_US then return f end
+  end
   return new_fence(k)
 end
 ";
@@ -453,3 +460,16 @@ return reply
 ",
     ])
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_lag_is_the_transactions() {
+        assert!(
+            FENCE.contains(&format!("local LAG_US = {FENCE_LAG_US}\n")),
+            "FENCE's LAG_US must equal FENCE_LAG_US"
+        );
+    }
+}
