@@ -43,9 +43,9 @@ async fn pair(client: &LockClient, key: &str) -> Result<(), LockError> {
 const SETTLE: Duration = Duration::from_secs(2);
 
 /// The first request goes over the shared connection; the runtime's own connection is made next,
-/// in the background. Once it is, the runtime's calls go over it: with the shared connection killed,
-/// twenty more calls succeed and the shared connection is not made again (a call over it would
-/// reconnect it). A second runtime gets a connection of its own; a runtime's connection closes
+/// in the background. Once it is, the runtime's calls go over it: with the shared connection
+/// killed, twenty more calls succeed and the shared connection is not made again (a call over it
+/// would reconnect it). A second runtime gets a connection of its own; a runtime's connection closes
 /// when the runtime shuts down.
 #[test]
 fn each_callers_runtime_has_its_own_connection_and_it_closes_with_the_runtime() {
