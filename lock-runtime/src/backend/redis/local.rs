@@ -71,6 +71,12 @@ impl Locals {
 
     /// `caller`'s connection, if made; starts making it otherwise.
     fn get(self: &Arc<Self>, caller: &Caller) -> Option<ConnectionManager> {
+        if !caller.is_alive() {
+            // The rest of a call whose runtime shut down (its cleanup, on the library's
+            // runtime): the shared connection, as the module says; nothing is started on a
+            // runtime that is gone.
+            return None;
+        }
         let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(local) = conns.iter().find(|l| l.caller.id() == caller.id()) {
             return local.conn.get().cloned();
