@@ -214,6 +214,40 @@ async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its
     next.release().await.unwrap();
 }
 
+/// The connection under an acquire is reset while its request is in flight (the proxy holds
+/// the request, then cuts every connection). A broken connection is a transient failure like a
+/// refused one: the acquire tries again on a new connection and is granted within its wait, and
+/// is not `Unavailable` at once (it was, when tonic's "transport error" counted as an etcd error
+/// reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_connection_is_reset_in_flight_is_retried_within_its_wait() {
+    let cluster = EtcdCluster::shared(1);
+    let proxy = FaultProxy::start(cluster.client_port(0));
+    let locks = client(vec![proxy.http_url()]);
+    let key = unique_key("etcd-faults:reset");
+    // The connection exists (a read leaves no lease behind to be revoked later).
+    assert!(locks.inspect(&key).await.unwrap().is_none());
+    let sent = proxy.bytes_up();
+    proxy.set_blackhole(true);
+    let wait = Duration::from_secs(5);
+    let acquiring = {
+        let key = key.clone();
+        tokio::spawn(async move { locks.lock(&key).wait(wait).acquire().await })
+    };
+    wait_until_async(REQUEST, "the acquire reached the proxy", || {
+        proxy.bytes_up() > sent
+    })
+    .await;
+    proxy.cut_all();
+    proxy.set_blackhole(false);
+    let cut = Instant::now();
+    let taken = bounded(wait, "the acquire", acquiring).await.unwrap();
+    let guard = taken.expect("the acquire failed on the reset instead of retrying");
+    eprintln!("reset in flight: granted {:?} after the cut", cut.elapsed());
+    assert!(cluster.exists(&etcd_key(&key)), "granted, but no key");
+    guard.release().await.unwrap();
+}
+
 /// Someone else revokes the lease a held lock is bound to (its key goes with it): the holder is
 /// told `Lost` within a renewal period (ttl / 3) + one request, and its release says `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -325,13 +325,12 @@ impl EtcdCluster {
     /// Freezes (SIGSTOP) or thaws (SIGCONT) member `i`.
     pub fn freeze(&self, i: usize, frozen: bool) {
         if let Some(child) = &self.members[i].child {
-            let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
             let signal = if frozen {
                 Signal::SIGSTOP
             } else {
                 Signal::SIGCONT
             };
-            kill(pid, signal).expect("signal etcd");
+            kill(pid(child), signal).expect("signal etcd");
         }
     }
 
@@ -467,11 +466,20 @@ impl EtcdCluster {
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
-            // A frozen member must be thawed to die promptly.
-            self.freeze(i, false);
+            // A frozen member must be thawed to die promptly. One that exited at start (and was
+            // reaped while its health was awaited) has no process left: that SIGCONT fails with
+            // ESRCH, which is no reason to panic in the middle of a retried start.
+            if let Some(child) = &self.members[i].child {
+                let _ = kill(pid(child), Signal::SIGCONT);
+            }
             self.kill(i);
         }
     }
+}
+
+/// `child`'s process id, as `kill` takes it.
+fn pid(child: &Child) -> Pid {
+    Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"))
 }
 
 /// One HTTP/1.0 request to 127.0.0.1:`port` (the answer is not chunked); the body, or None.

@@ -239,6 +239,10 @@ fn classify(err: &etcd_client::Error) -> (FailureKind, String) {
                 Code::Unavailable if msg.contains("timed out") => FailureKind::Timeout,
                 Code::Unavailable | Code::Unknown if msg.contains("connect") => FailureKind::Io,
                 Code::Unavailable => FailureKind::Io,
+                // A connection that broke under the request (reset, closed): tonic reports the
+                // transport's failure as `Unknown` with that failure as its source, where a
+                // status etcd sent has none. Transient, and the request may have been applied.
+                Code::Unknown if std::error::Error::source(status).is_some() => FailureKind::Io,
                 Code::DeadlineExceeded | Code::Cancelled => FailureKind::Timeout,
                 Code::Unauthenticated => FailureKind::Auth,
                 Code::InvalidArgument if msg.contains("auth") => FailureKind::Auth,
