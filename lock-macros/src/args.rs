@@ -5,6 +5,7 @@
 
 use crate::duration::{self, Kind};
 use crate::errors::Errors;
+use lock_rules::{Mode, ModeError};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use std::time::Duration;
 use syn::meta::ParseNestedMeta;
@@ -28,12 +29,8 @@ pub(crate) struct Args {
     pub(crate) min_hold: Option<Duration>,
     /// `None` when not given: the default, reentrant.
     pub(crate) reentrant: Option<bool>,
-    /// `fair = true`: waiters served in arrival order.
-    pub(crate) fair: bool,
-    /// `shared = true`: a read lock.
-    pub(crate) shared: bool,
-    /// `permits = N`: a semaphore of N (at least 1).
-    pub(crate) permits: Option<u32>,
+    /// The lock's kind, from `fair = true`, `shared = true` and `permits = N`.
+    pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
     /// `crate = "path"`: where the runtime lives, for re-exports.
     pub(crate) krate: Option<Path>,
@@ -175,23 +172,17 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         (true, false) => key.value.map(|lit| vec![lit]),
         (false, true) => keys.value,
     };
-    check_kinds(
+    let mode = check_kinds(
         &keys,
         fair.value.filter(|f| f.0),
         shared.value.filter(|s| s.0),
         permits.value,
         errors,
     );
-    let kind = permits
-        .value
-        .map(|_| "permits")
-        .or(shared.value.filter(|s| s.0).map(|_| "shared"))
-        .or(fair.value.filter(|f| f.0).map(|_| "fair"));
+    let kind = mode.takes_one_key().then(|| mode.argument());
     check_min_hold(min_hold.value, max_hold.value, kind, errors);
     Args {
-        fair: fair.value.is_some_and(|f| f.0),
-        shared: shared.value.is_some_and(|s| s.0),
-        permits: permits.value.map(|(n, _)| n),
+        mode,
         keys,
         ttl: ttl.value,
         wait: wait.value,
@@ -270,44 +261,55 @@ fn templates(input: ParseStream<'_>) -> Result<Vec<LitStr>> {
     }
 }
 
-/// `fair`, `shared` and `permits` against each other and against `keys`: a semaphore is already
-/// shared, fairness is for exclusive locks, and all three take one key.
+/// `fair`, `shared` and `permits` against each other (by [`Mode::from_flags`], the runtime's rule,
+/// with every clash reported at its argument) and against `keys`: a semaphore is already shared,
+/// fairness is for exclusive locks, and all three take one key. The mode they make (the default
+/// when they clash: an error was reported, so nothing is expanded).
 fn check_kinds(
     keys: &Option<Vec<LitStr>>,
     fair: Option<(bool, Span)>,
     shared: Option<(bool, Span)>,
     permits: Option<(u32, Span)>,
     errors: &mut Errors,
-) {
+) -> Mode {
     if let (Some((_, at)), Some(_)) = (shared, permits) {
         errors.push(syn::Error::new(
             at,
-            "`shared` and `permits` cannot be combined: a semaphore's holders already share the \
-             key; write `permits = N` for up to N holders, or `shared = true` for a read lock",
+            format_args!(
+                "`shared` {}; write `permits = N` for up to N holders, or `shared = true` for a \
+                 read lock",
+                ModeError::SharedWithPermits
+            ),
         ));
     }
     if let Some((_, at)) = fair.filter(|_| shared.is_some() || permits.is_some()) {
         errors.push(syn::Error::new(
             at,
-            "`fair` is for exclusive locks; it cannot be combined with `shared` or `permits`",
+            format_args!("`fair` {}", ModeError::FairWithOthers),
         ));
     }
-    let kind = permits
-        .map(|(_, at)| ("permits", at))
-        .or(shared.map(|(_, at)| ("shared", at)))
-        .or(fair.map(|(_, at)| ("fair", at)));
-    if let (Some(keys), Some((name, at))) = (keys, kind)
+    let mode = Mode::from_flags(fair.is_some(), shared.is_some(), permits.map(|(n, _)| n))
+        .unwrap_or_default();
+    let at = match mode {
+        Mode::Permits(_) => permits.map(|(_, at)| at),
+        Mode::Shared => shared.map(|(_, at)| at),
+        Mode::Fair => fair.map(|(_, at)| at),
+        Mode::Exclusive => None,
+    };
+    if let (Some(keys), Some(at)) = (keys, at)
         && keys.len() > 1
     {
         errors.push(syn::Error::new(
             at,
             format_args!(
-                "`{name}` locks take one key, but `keys` lists {}; lock one key with \
+                "`{}` locks take one key, but `keys` lists {}; lock one key with \
                      `key = \"..\"`",
+                mode.argument(),
                 keys.len()
             ),
         ));
     }
+    mode
 }
 
 /// `min_hold` against `max_hold` (it must fit in it) and the lock's kind (`kind`: `fair`,
@@ -429,6 +431,7 @@ fn skip_to_next_argument(input: ParseStream<'_>) -> Result<()> {
 mod tests {
     use super::{Args, parse};
     use crate::errors::Errors;
+    use lock_rules::Mode;
     use proc_macro2::TokenStream;
     use quote::quote;
     use std::time::Duration;
@@ -564,13 +567,38 @@ mod tests {
     }
 
     #[test]
+    fn kinds_clash_exactly_when_the_runtime_rule_says_so() {
+        for fair in [false, true] {
+            for shared in [false, true] {
+                for permits in [None, Some(2)] {
+                    let mut attr = quote!(key = "k", fair = #fair, shared = #shared);
+                    if let Some(n) = permits {
+                        attr.extend(quote!(, permits = #n));
+                    }
+                    let (parsed, errors) = args(attr);
+                    match Mode::from_flags(fair, shared, permits) {
+                        Ok(mode) => {
+                            assert!(errors.is_empty(), "{fair} {shared} {permits:?}: {errors:?}");
+                            assert_eq!(parsed.mode, mode);
+                        }
+                        Err(err) => assert!(
+                            errors.iter().any(|e| e.contains(&err.to_string())),
+                            "{fair} {shared} {permits:?}: {errors:?} lacks {err}"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn lock_kinds() {
         let (parsed, errors) = args(quote!(key = "k", permits = 3));
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(parsed.permits, Some(3));
+        assert_eq!(parsed.mode, Mode::Permits(3));
         let (parsed, errors) = args(quote!(key = "k", fair = true, shared = false));
         assert!(errors.is_empty(), "{errors:?}");
-        assert!(parsed.fair && !parsed.shared);
+        assert_eq!(parsed.mode, Mode::Fair);
 
         let (_, errors) = args(quote!(key = "k", permits = 0));
         assert!(
@@ -584,7 +612,7 @@ mod tests {
         );
         let (_, errors) = args(quote!(key = "k", shared = true, permits = 2));
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].starts_with("`shared` and `permits` cannot be combined"));
+        assert!(errors[0].starts_with("`shared` cannot be combined with `permits`"));
         let (_, errors) = args(quote!(key = "k", fair = true, shared = true));
         assert!(
             errors[0].starts_with("`fair` is for exclusive locks"),

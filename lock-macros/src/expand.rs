@@ -4,6 +4,7 @@
 use crate::boxed::Boxed;
 use crate::key::{Part, Root};
 use crate::validate::{Key, Locked};
+use lock_rules::Mode;
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens as _, TokenStreamExt as _, format_ident, quote, quote_spanned};
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// let __lock_call = P::Call {
 ///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
 ///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, min_hold: MIN_HOLD, reentrant: true,
-///     fair: false, shared: false, permits: None,    // the lock's kind
+///     mode: P::Mode::Exclusive,                      // the lock's kind
 ///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
 /// let __lock_guard = match P::acquire(__lock_call).await {
@@ -80,14 +81,14 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let max_hold = duration(locked.max_hold, private);
     let min_hold = duration(locked.min_hold, private);
     let reentrant = syn::LitBool::new(locked.reentrant, site);
-    let fair = syn::LitBool::new(locked.fair, site);
-    let shared = syn::LitBool::new(locked.shared, site);
-    let permits = match locked.permits {
-        Some(n) => {
-            let n = proc_macro2::Literal::u32_suffixed(n);
-            quote_spanned!(site=> ::core::option::Option::Some(#n))
+    let mode = match locked.mode {
+        Mode::Exclusive => quote_spanned!(site=> #private::Mode::Exclusive),
+        Mode::Fair => quote_spanned!(site=> #private::Mode::Fair),
+        Mode::Shared => quote_spanned!(site=> #private::Mode::Shared),
+        Mode::Permits(n) => {
+            let n = Literal::u32_suffixed(n);
+            quote_spanned!(site=> #private::Mode::Permits(#n))
         }
-        None => quote_spanned!(site=> ::core::option::Option::None),
     };
     // The metrics and tracing label: the templates as written, never rendered keys.
     let templates: Vec<String> = locked.keys.iter().map(|key| key.lit.value()).collect();
@@ -142,9 +143,7 @@ fn locked_body(locked: &Locked) -> TokenStream {
             max_hold: #max_hold,
             min_hold: #min_hold,
             reentrant: #reentrant,
-            fair: #fair,
-            shared: #shared,
-            permits: #permits,
+            mode: #mode,
             name: #name,
         };
         let #guard = match #acquire {
@@ -411,7 +410,7 @@ mod tests {
                  wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
                  max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
                  min_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(60,0)),\
-                 reentrant:false,fair:false,shared:false,permits:::core::option::Option::None,\
+                 reentrant:false,mode:::lock_runtime::__private::Mode::Exclusive,\
                  name:\"w:<to>,w:<from>\",}"
             ),
             "{out}"

@@ -5,6 +5,7 @@ use crate::args::{self, Args};
 use crate::boxed::{self, Boxed};
 use crate::errors::Errors;
 use crate::key::{self, Part, Scope};
+use lock_rules::Mode;
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use std::ops::Range;
@@ -88,9 +89,7 @@ pub(crate) struct Locked {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) reentrant: bool,
-    pub(crate) fair: bool,
-    pub(crate) shared: bool,
-    pub(crate) permits: Option<u32>,
+    pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
     /// Parameters bound with `mut`. The body reads them from inside a `move` closure or async block,
     /// where a parameter overwritten before it is read would warn "value captured by `x` is never
@@ -117,9 +116,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         max_hold,
         min_hold,
         reentrant,
-        fair,
-        shared,
-        permits,
+        mode,
         guard,
         krate,
     } = args::parse(attr, &mut errors);
@@ -202,9 +199,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             max_hold,
             min_hold,
             reentrant: reentrant.unwrap_or(true),
-            fair,
-            shared,
-            permits,
+            mode,
             guard,
             mutable,
             private,

@@ -54,11 +54,107 @@ pub fn check_ttl(ttl: Duration) -> Result<(), TtlError> {
     }
 }
 
+/// What kind of hold a lock is, from its `fair`, `shared` and `permits` arguments (the same
+/// in the attribute and in `Lock`'s builder): the one type that travels from the macro's call to
+/// the backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One holder (the default; the writer of a read/write lock).
+    #[default]
+    Exclusive,
+    /// One holder; waiters are granted the lock in the order they arrived.
+    Fair,
+    /// One of any number of shared holders (readers); never together with an exclusive holder.
+    Shared,
+    /// One of at most this many holders (a semaphore); at least 1.
+    Permits(u32),
+}
+
+impl Mode {
+    /// The mode `fair`, `shared` and `permits` ask for together, or why they cannot go together
+    /// (the first reason, in the order of [`ModeError`]'s variants).
+    pub fn from_flags(fair: bool, shared: bool, permits: Option<u32>) -> Result<Mode, ModeError> {
+        match (fair, shared, permits) {
+            (_, _, Some(0)) => Err(ModeError::ZeroPermits),
+            (_, true, Some(_)) => Err(ModeError::SharedWithPermits),
+            (true, true, _) | (true, _, Some(_)) => Err(ModeError::FairWithOthers),
+            (true, false, None) => Ok(Mode::Fair),
+            (false, true, None) => Ok(Mode::Shared),
+            (false, false, Some(n)) => Ok(Mode::Permits(n)),
+            (false, false, None) => Ok(Mode::Exclusive),
+        }
+    }
+
+    /// Whether the mode takes exactly one key (every mode but [`Mode::Exclusive`]).
+    pub fn takes_one_key(self) -> bool {
+        self != Mode::Exclusive
+    }
+
+    /// The argument that asks for this mode, which an error about it names. An exclusive lock
+    /// only ever clashes with a semaphore on the same key, so its errors name `permits`.
+    pub fn argument(self) -> &'static str {
+        match self {
+            Mode::Fair => "fair",
+            Mode::Shared => "shared",
+            Mode::Permits(_) | Mode::Exclusive => "permits",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::Fair => f.write_str("fair"),
+            Mode::Shared => f.write_str("shared"),
+            Mode::Permits(n) => write!(f, "permits = {n}"),
+        }
+    }
+}
+
+/// Why `fair`, `shared` and `permits` were rejected by [`Mode::from_flags`]. The `Display` text
+/// completes "`ARGUMENT` ..." where the argument is [`argument`](ModeError::argument).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeError {
+    /// `permits = 0`.
+    ZeroPermits,
+    /// `shared` together with `permits`.
+    SharedWithPermits,
+    /// `fair` together with `shared` or `permits`.
+    FairWithOthers,
+}
+
+impl ModeError {
+    /// The argument the error is about.
+    pub fn argument(self) -> &'static str {
+        match self {
+            ModeError::ZeroPermits => "permits",
+            ModeError::SharedWithPermits => "shared",
+            ModeError::FairWithOthers => "fair",
+        }
+    }
+}
+
+impl fmt::Display for ModeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ModeError::ZeroPermits => "must be at least 1: `permits = 0` would let nobody in",
+            ModeError::SharedWithPermits => {
+                "cannot be combined with `permits`: a semaphore's holders already share the key"
+            }
+            ModeError::FairWithOthers => {
+                "is for exclusive locks; it cannot be combined with `shared` or `permits`"
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
 
-    use super::{MAX_TTL, MIN_TTL, TtlError, check_ttl};
+    use super::{MAX_TTL, MIN_TTL, Mode, ModeError, TtlError, check_ttl};
     use core::time::Duration;
     use std::string::ToString as _;
 
@@ -101,5 +197,34 @@ mod tests {
             assert!(message.starts_with(char::is_lowercase), "{message}");
             assert!(!message.ends_with('.'), "{message}");
         }
+    }
+    #[test]
+    fn modes_from_flags() {
+        assert_eq!(Mode::from_flags(false, false, None), Ok(Mode::Exclusive));
+        assert_eq!(Mode::from_flags(true, false, None), Ok(Mode::Fair));
+        assert_eq!(Mode::from_flags(false, true, None), Ok(Mode::Shared));
+        assert_eq!(
+            Mode::from_flags(false, false, Some(3)),
+            Ok(Mode::Permits(3))
+        );
+        assert_eq!(
+            Mode::from_flags(false, false, Some(0)),
+            Err(ModeError::ZeroPermits)
+        );
+        assert_eq!(
+            Mode::from_flags(false, true, Some(2)),
+            Err(ModeError::SharedWithPermits)
+        );
+        assert_eq!(
+            Mode::from_flags(true, true, None),
+            Err(ModeError::FairWithOthers)
+        );
+        assert_eq!(
+            Mode::from_flags(true, false, Some(2)),
+            Err(ModeError::FairWithOthers)
+        );
+        assert_eq!(ModeError::SharedWithPermits.argument(), "shared");
+        assert!(!Mode::Exclusive.takes_one_key() && Mode::Permits(2).takes_one_key());
+        assert_eq!(Mode::Permits(2).to_string(), "permits = 2");
     }
 }

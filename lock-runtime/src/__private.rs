@@ -2,6 +2,8 @@
 
 pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
+/// The lock's kind, as the attribute's `fair`, `shared` and `permits` make it.
+pub use lock_rules::Mode;
 
 /// Which Redlock node a contended lock asks first, for tests.
 pub use crate::backend::gate_of;
@@ -100,9 +102,7 @@ pub struct Call {
     pub max_hold: Option<Duration>,
     pub min_hold: Option<Duration>,
     pub reentrant: bool,
-    pub fair: bool,
-    pub shared: bool,
-    pub permits: Option<u32>,
+    pub mode: Mode,
     /// The key templates as written: the label of the lock's span and metrics.
     pub name: &'static str,
 }
@@ -110,12 +110,8 @@ pub struct Call {
 fn lock(call: Call) -> Lock {
     let mut lock = Lock::many(call.keys)
         .reentrant(call.reentrant)
-        .fair(call.fair)
-        .shared(call.shared)
+        .with_mode(call.mode)
         .name(call.name);
-    if let Some(permits) = call.permits {
-        lock = lock.permits(permits);
-    }
     if let Some(ttl) = call.ttl {
         lock = lock.ttl(ttl);
     }

@@ -216,21 +216,19 @@ impl Lock {
 
     /// The kind of hold asked for, from `fair`, `shared` and `permits`.
     fn mode(&self) -> Result<Mode, LockError> {
-        match (self.fair, self.shared, self.permits) {
-            (_, _, Some(0)) => Err(LockError::config("permits", "must be at least 1")),
-            (_, true, Some(_)) => Err(LockError::config(
-                "shared",
-                "cannot be combined with permits: a semaphore's holders already share the key",
-            )),
-            (true, true, _) | (true, _, Some(_)) => Err(LockError::config(
-                "fair",
-                "is for exclusive locks; it cannot be combined with shared or permits",
-            )),
-            (true, false, None) => Ok(Mode::Fair),
-            (false, true, None) => Ok(Mode::Shared),
-            (false, false, Some(n)) => Ok(Mode::Permits(n)),
-            (false, false, None) => Ok(Mode::Exclusive),
-        }
+        Mode::from_flags(self.fair, self.shared, self.permits)
+            .map_err(|err| LockError::config(err.argument(), err.to_string()))
+    }
+
+    /// Asks for `mode` (the macro's call carries the mode its arguments make).
+    pub(crate) fn with_mode(mut self, mode: Mode) -> Self {
+        (self.fair, self.shared, self.permits) = match mode {
+            Mode::Exclusive => (false, false, None),
+            Mode::Fair => (true, false, None),
+            Mode::Shared => (false, true, None),
+            Mode::Permits(n) => (false, false, Some(n)),
+        };
+        self
     }
 
     /// The engine and the request, or a guard already: one that joins a hold of the current

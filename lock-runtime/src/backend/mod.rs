@@ -188,42 +188,8 @@ pub(crate) struct ExtendItem<'a> {
 }
 
 /// What kind of hold an acquisition asks for (see `Lock::fair`, `Lock::shared`,
-/// `Lock::permits`). Shared, fair and permit locks take one key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub(crate) enum Mode {
-    /// One holder (the default; the writer of a read/write lock).
-    #[default]
-    Exclusive,
-    /// One holder; waiters are granted the lock in the order they arrived.
-    Fair,
-    /// One of any number of shared holders (readers); never together with an exclusive holder.
-    Shared,
-    /// One of at most this many holders (a semaphore).
-    Permits(u32),
-}
-
-impl Mode {
-    /// The argument a `Config` error about this mode names. An exclusive caller only ever
-    /// clashes with a semaphore, so its errors name `permits`.
-    pub(crate) fn argument(self) -> &'static str {
-        match self {
-            Mode::Fair => "fair",
-            Mode::Shared => "shared",
-            Mode::Permits(_) | Mode::Exclusive => "permits",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Mode::Exclusive => f.write_str("exclusive"),
-            Mode::Fair => f.write_str("fair"),
-            Mode::Shared => f.write_str("shared"),
-            Mode::Permits(n) => write!(f, "permits = {n}"),
-        }
-    }
-}
+/// `Lock::permits`): the rules' type, which the macro's call carries too.
+pub(crate) use lock_rules::Mode;
 
 /// One acquire attempt as a node sees it.
 #[derive(Debug, Clone, Copy)]
