@@ -58,6 +58,7 @@ pub fn majority_owners(per_node: &[Vec<crate::Owner>], quorum: usize) -> Vec<cra
 }
 
 use crate::Lock;
+use crate::hold::{self, Body};
 
 /// The return type of a `#[distributed_lock]` function.
 #[diagnostic::on_unimplemented(
@@ -154,23 +155,13 @@ pub fn run_blocking<R>(guard: &LockGuard, body: impl FnOnce() -> R) -> R {
 /// Releases the guard after an async body and returns the call's result: the body's, or the
 /// error that replaces it (see `hold::verdict`).
 pub async fn finish<R: LockResult>(guard: LockGuard, out: Option<R>) -> R {
-    let verdict = guard.finish(out.as_ref().map(R::is_success)).await;
-    settle(verdict, out)
+    let verdict = guard.finish(Body::of(out.as_ref(), R::is_success)).await;
+    hold::call_result(verdict, out, R::from_lock_error)
 }
 
 /// [`finish`] for sync bodies: a lock lost (or held past `max_hold`) while the body ran turns its
 /// success into the error.
 pub fn finish_blocking<R: LockResult>(guard: LockGuard, out: R) -> R {
-    let verdict = guard.finish_blocking(out.is_success());
-    settle(verdict, Some(out))
-}
-
-fn settle<R: LockResult>(verdict: Result<(), LockError>, out: Option<R>) -> R {
-    match (verdict, out) {
-        (Ok(()), Some(out)) => out,
-        (Err(err), _) => R::from_lock_error(err),
-        (Ok(()), None) => R::from_lock_error(LockError::Runtime {
-            reason: "the body was stopped but no loss was recorded".to_owned(),
-        }),
-    }
+    let verdict = guard.finish_blocking(Body::of(Some(&out), R::is_success));
+    hold::call_result(verdict, Some(out), R::from_lock_error)
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::backend::{Ask, AtOnce, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token};
+use crate::backend::{
+    Ask, AtOnce, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token, Watch,
+};
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
@@ -206,7 +208,10 @@ impl Watching {
         &mut self,
         index: usize,
         first: bool,
-        (subscriptions, needed): (Vec<Subscription>, usize),
+        Watch {
+            subscriptions,
+            needed,
+        }: Watch,
     ) {
         self.needed[index] = needed;
         for Subscription {

@@ -205,17 +205,17 @@ impl LockGuard {
     }
 
     /// Releases after a body and decides what the call returns (see `hold::verdict`).
-    pub(crate) async fn finish(self, body_ok: Option<bool>) -> Result<(), LockError> {
+    pub(crate) async fn finish(self, body: hold::Body) -> Result<(), LockError> {
         let hold = Arc::clone(&self.hold);
         let released = self.release().await;
-        hold::verdict(&hold, body_ok, released)
+        hold::verdict(&hold, body, released)
     }
 
     /// [`finish`](Self::finish) for sync bodies.
-    pub(crate) fn finish_blocking(self, body_ok: bool) -> Result<(), LockError> {
+    pub(crate) fn finish_blocking(self, body: hold::Body) -> Result<(), LockError> {
         let hold = Arc::clone(&self.hold);
         let released = self.release_blocking();
-        hold::verdict(&hold, Some(body_ok), released)
+        hold::verdict(&hold, body, released)
     }
 }
 

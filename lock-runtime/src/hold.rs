@@ -315,16 +315,37 @@ fn settle(
     }
 }
 
-/// What a locked call returns, given the body's outcome (`None`: stopped because the lock was
-/// lost or `max_hold` passed; `Some(true)` for a success) and the release's: the body's result
-/// (`Ok`), or the error that replaces it. A success never survives a loss or a passed
+/// How a locked body ended, for [`verdict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// It returned a success.
+    Succeeded,
+    /// It returned its own error.
+    Failed,
+    /// It was stopped (dropped at an `.await`) because the lock was lost or `max_hold` passed.
+    Stopped,
+}
+
+impl Body {
+    /// How a body that returned `out` (`None`: it was stopped) ended.
+    pub(crate) fn of<R>(out: Option<&R>, is_success: impl FnOnce(&R) -> bool) -> Body {
+        match out {
+            Some(out) if is_success(out) => Body::Succeeded,
+            Some(_) => Body::Failed,
+            None => Body::Stopped,
+        }
+    }
+}
+
+/// What a locked call returns, given how its body ended and the release's outcome: the body's
+/// result (`Ok`), or the error that replaces it. A success never survives a loss or a passed
 /// `max_hold`; the body's own error stays (it says more about what happened).
 pub(crate) fn verdict(
     hold: &Hold,
-    body_ok: Option<bool>,
+    body: Body,
     released: Result<(), LockError>,
 ) -> Result<(), LockError> {
-    let replaced = body_ok != Some(false);
+    let replaced = body != Body::Failed;
     if hold.max_hold_passed() && replaced {
         return Err(LockError::MaxHoldExceeded {
             key: hold.name().to_owned(),
@@ -333,12 +354,29 @@ pub(crate) fn verdict(
     }
     match released {
         Err(lost @ LockError::Lost { .. }) if replaced => Err(lost),
-        _ if body_ok.is_none() => Err(hold.lost_error()),
+        _ if body == Body::Stopped => Err(hold.lost_error()),
         Ok(()) | Err(LockError::Lost { .. }) => Ok(()),
         Err(err) => {
             events::release_failed(hold.name(), &err);
             Ok(())
         }
+    }
+}
+
+/// A locked call's result from its [`verdict`] and the body's output (`None`: stopped):
+/// `from_error` makes the caller's result type from the error that replaces the body's.
+pub(crate) fn call_result<R>(
+    verdict: Result<(), LockError>,
+    out: Option<R>,
+    from_error: impl FnOnce(LockError) -> R,
+) -> R {
+    match (verdict, out) {
+        (Ok(()), Some(out)) => out,
+        (Err(err), _) => from_error(err),
+        // `verdict` answers an error for every stopped body; this is only its fallback.
+        (Ok(()), None) => from_error(LockError::Runtime {
+            reason: "the body was stopped but no loss was recorded".to_owned(),
+        }),
     }
 }
 
@@ -382,19 +420,19 @@ mod tests {
     #[test]
     fn a_success_never_survives_a_loss() {
         let h = hold(None);
-        assert_eq!(verdict(&h, Some(true), Ok(())), Ok(()));
-        assert_eq!(verdict(&h, Some(true), lost("b")), lost("b"));
+        assert_eq!(verdict(&h, Body::Succeeded, Ok(())), Ok(()));
+        assert_eq!(verdict(&h, Body::Succeeded, lost("b")), lost("b"));
         // The body's own error stays.
-        assert_eq!(verdict(&h, Some(false), lost("b")), Ok(()));
+        assert_eq!(verdict(&h, Body::Failed, lost("b")), Ok(()));
         // A release that could not reach the servers does not undo a body that finished in time.
         let unavailable = Err(LockError::Unavailable {
             key: "a".to_owned(),
             causes: Vec::new(),
         });
-        assert_eq!(verdict(&h, Some(true), unavailable), Ok(()));
+        assert_eq!(verdict(&h, Body::Succeeded, unavailable), Ok(()));
         // Stopped by a loss: `Lost`, naming the lost key.
         h.declare_lost(1, "test");
-        assert_eq!(verdict(&h, None, Ok(())), lost("b"));
+        assert_eq!(verdict(&h, Body::Stopped, Ok(())), lost("b"));
     }
 
     #[test]
@@ -405,9 +443,9 @@ mod tests {
             key: "a".to_owned(),
             max_hold: Duration::from_millis(5),
         });
-        assert_eq!(verdict(&h, None, Ok(())), exceeded);
-        assert_eq!(verdict(&h, Some(true), Ok(())), exceeded);
-        assert_eq!(verdict(&h, Some(false), Ok(())), Ok(()));
+        assert_eq!(verdict(&h, Body::Stopped, Ok(())), exceeded);
+        assert_eq!(verdict(&h, Body::Succeeded, Ok(())), exceeded);
+        assert_eq!(verdict(&h, Body::Failed, Ok(())), Ok(()));
     }
 
     #[test]

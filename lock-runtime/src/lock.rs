@@ -10,6 +10,7 @@ use tracing::Instrument as _;
 use crate::error::LockError;
 use crate::global;
 use crate::guard::LockGuard;
+use crate::hold::{self, Body};
 use crate::scope::{self, Held};
 
 /// A lock to acquire: the programmatic form of `#[distributed_lock]`.
@@ -326,15 +327,8 @@ impl Lock {
     {
         let guard = self.acquire().await?;
         let out = guard.until_stopped(body).await;
-        let ok = out.as_ref().map(Result::is_ok);
-        match (guard.finish(ok).await, out) {
-            (Ok(()), Some(out)) => out,
-            (Err(err), _) => Err(err.into()),
-            (Ok(()), None) => Err(LockError::Runtime {
-                reason: "the body was stopped but no loss was recorded".to_owned(),
-            }
-            .into()),
-        }
+        let verdict = guard.finish(Body::of(out.as_ref(), Result::is_ok)).await;
+        hold::call_result(verdict, out, |err| Err(err.into()))
     }
 
     /// [`run`](Self::run) for sync code: blocks this thread to acquire, runs `body` on it, then
@@ -346,11 +340,8 @@ impl Lock {
     {
         let guard = self.acquire_blocking()?;
         let out = guard.in_scope_blocking(body);
-        let ok = out.is_ok();
-        match guard.finish_blocking(ok) {
-            Ok(()) => out,
-            Err(err) => Err(err.into()),
-        }
+        let verdict = guard.finish_blocking(Body::of(Some(&out), Result::is_ok));
+        hold::call_result(verdict, Some(out), |err| Err(err.into()))
     }
 }
 

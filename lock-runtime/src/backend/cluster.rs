@@ -51,6 +51,14 @@ const SLOT_MAP_AGE: Duration = Duration::from_secs(5);
 /// Slot ranges and their masters, sorted.
 type SlotMap = Vec<SlotRange>;
 
+/// Which lock of a renewal batch one slot's part belongs to: the item's index, the slot, and the
+/// indices of the item's keys in it.
+struct PartOf {
+    item: usize,
+    slot: u16,
+    members: Vec<usize>,
+}
+
 /// The slots `first..=last`, and the master that serves them.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct SlotRange {
@@ -379,7 +387,7 @@ impl Node for ClusterNode {
             // the slot map cannot be read), every batch one pipeline, all batches at once.
             let map = self.slot_map(conn).await;
             let mut parts: Vec<Vec<Arc<str>>> = Vec::new();
-            let mut owners: Vec<(usize, u16, Vec<usize>)> = Vec::new();
+            let mut owners: Vec<PartOf> = Vec::new();
             let mut batches: HashMap<Batch, Vec<usize>> = HashMap::new();
             for (item_index, item) in items.iter().enumerate() {
                 for (slot, members) in self.by_slot(item.names) {
@@ -396,7 +404,11 @@ impl Node for ClusterNode {
                             .map(|&i| Arc::clone(&item.names[i]))
                             .collect(),
                     );
-                    owners.push((item_index, slot, members));
+                    owners.push(PartOf {
+                        item: item_index,
+                        slot,
+                        members,
+                    });
                 }
             }
             let runs = batches.into_iter().map(|(batch, part_indices)| {
@@ -406,9 +418,9 @@ impl Node for ClusterNode {
                         .iter()
                         .map(|&p| ExtendItem {
                             names: &parts[p],
-                            token: items[owners[p].0].token,
-                            ttl: items[owners[p].0].ttl,
-                            mode: items[owners[p].0].mode,
+                            token: items[owners[p].item].token,
+                            ttl: items[owners[p].item].ttl,
+                            mode: items[owners[p].item].mode,
                         })
                         .collect();
                     let outcomes = match batch {
@@ -428,7 +440,11 @@ impl Node for ClusterNode {
             let mut out: Vec<ExtendOutcome> =
                 items.iter().map(|_| ExtendOutcome::Extended).collect();
             for (p, outcome) in join_all(runs).await.into_iter().flatten() {
-                let (item_index, slot, members) = &owners[p];
+                let PartOf {
+                    item: item_index,
+                    slot,
+                    members,
+                } = &owners[p];
                 let merged = match (&out[*item_index], outcome) {
                     // "Not ours" settles it, whatever the other parts say.
                     (ExtendOutcome::NotOwned { .. }, _) => continue,

@@ -163,6 +163,14 @@ pub(crate) struct NodeView {
     pub(crate) owners: Vec<crate::owner::Owner>,
 }
 
+/// Where a waiter listens for one lock's releases: its subscriptions, and how many of them must
+/// confirm before a release is sure to wake it (one on a single node; a quorum of Redlock's other
+/// nodes when its gate did not confirm).
+pub(crate) struct Watch {
+    pub(crate) subscriptions: Vec<Subscription>,
+    pub(crate) needed: usize,
+}
+
 /// A waiter's interest in one node's release notifications for one lock.
 pub(crate) struct Subscription {
     /// Resolves to true once the node confirmed the subscription: releases after that point wake
@@ -473,20 +481,19 @@ impl Backend {
     /// Subscribes to `name`'s releases for a lock whose first key is `first`: on its node, or
     /// under Redlock on the gate node of `first`, which the lock's attempts ask first. `needed` is
     /// how many confirmations make a release impossible to miss while those nodes answer.
-    pub(crate) fn watch(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
+    pub(crate) fn watch(&self, name: &str, first: &str) -> Watch {
         match self {
-            Backend::One(node) => (vec![node.watch(name)], 1),
+            Backend::One(node) => Watch {
+                subscriptions: vec![node.watch(name)],
+                needed: 1,
+            },
             Backend::Quorum(quorum) => quorum.watch(name, first),
         }
     }
 
     /// Where else to listen when the subscriptions of [`watch`](Self::watch) could not be
     /// confirmed: Redlock's other nodes (a single node has nowhere else).
-    pub(crate) fn watch_others(
-        &self,
-        name: &str,
-        first: &str,
-    ) -> Option<(Vec<Subscription>, usize)> {
+    pub(crate) fn watch_others(&self, name: &str, first: &str) -> Option<Watch> {
         match self {
             Backend::One(_) => None,
             Backend::Quorum(quorum) => Some(quorum.watch_others(name, first)),

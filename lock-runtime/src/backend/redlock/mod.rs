@@ -16,15 +16,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
-use super::redis::{NodeAddr, RedisNode, ValidSingle};
 use super::{
-    Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendOutcome, Mode, Names, Node,
-    OwnedExtendItem, Subscription, Token, ValidBackend,
+    Ask, Attempt, BoxFuture, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch,
 };
-use crate::config::{Settings, redact_all};
-use crate::error::{LockError, NodeFailure};
+use crate::error::NodeFailure;
 use crate::signal::Signal;
-use crate::wait::WakeRegistry;
+mod config;
+
+pub(crate) use config::RedlockConfig;
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
@@ -722,92 +721,29 @@ impl Quorum {
     /// [`watch_others`](Self::watch_others); one that goes down after confirming misses the
     /// releases meanwhile, which the waiter then finds by its next attempt, on its backoff (at
     /// most a third of the lock's ttl).
-    pub(crate) fn watch(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
+    pub(crate) fn watch(&self, name: &str, first: &str) -> Watch {
         let gate = gate_of(first, self.nodes.len());
-        (vec![self.nodes[gate].watch(name)], 1)
+        Watch {
+            subscriptions: vec![self.nodes[gate].watch(name)],
+            needed: 1,
+        }
     }
 
     /// Subscribes on every node but the gate of `first`, for a waiter whose gate did not confirm.
     /// A quorum of confirmations is enough: a release that succeeded reached a quorum of nodes,
     /// and any two quorums share one.
-    pub(crate) fn watch_others(&self, name: &str, first: &str) -> (Vec<Subscription>, usize) {
+    pub(crate) fn watch_others(&self, name: &str, first: &str) -> Watch {
         let gate = gate_of(first, self.nodes.len());
-        let subs = self
+        let subscriptions = self
             .nodes
             .iter()
             .enumerate()
             .filter(|(index, _)| *index != gate)
             .map(|(_, node)| node.watch(name))
             .collect();
-        (subs, self.quorum)
-    }
-}
-
-/// What [`LockConfig::redlock`](crate::LockConfig::redlock) stores.
-#[derive(Clone)]
-pub(crate) struct RedlockConfig {
-    pub(crate) urls: Vec<String>,
-}
-
-impl BackendConfig for RedlockConfig {
-    fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
-        if self.urls.is_empty() {
-            return Err(LockError::config("urls", "must name at least one node"));
+        Watch {
+            subscriptions,
+            needed: self.quorum,
         }
-        let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.urls.len());
-        for url in &self.urls {
-            let node = NodeAddr::parse("urls", url)?;
-            if nodes.iter().any(|n| n.same_node(&node)) {
-                return Err(LockError::config(
-                    "urls",
-                    format!("names node {} twice", node.name),
-                ));
-            }
-            nodes.push(node);
-        }
-        match <[NodeAddr; 1]>::try_from(nodes) {
-            // Redlock over one node is that node: a single node in every respect.
-            Ok([addr]) => Ok(Box::new(ValidSingle {
-                addr,
-                field: "urls",
-            })),
-            Err(nodes) => Ok(Box::new(ValidRedlock { nodes })),
-        }
-    }
-
-    fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "redlock([{}])", redact_all(&self.urls))
-    }
-}
-
-/// Two nodes or more.
-struct ValidRedlock {
-    nodes: Vec<NodeAddr>,
-}
-
-impl ValidBackend for ValidRedlock {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Redlock
-    }
-
-    fn uses_tls(&self) -> bool {
-        self.nodes.iter().any(NodeAddr::uses_tls)
-    }
-
-    /// A token costs a write-back round trip per acquire here (see `LockConfig::fencing`).
-    fn fencing_default(&self) -> bool {
-        false
-    }
-
-    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|addr| -> Result<Arc<dyn Node>, LockError> {
-                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers), false)?;
-                Ok(Arc::new(node))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Backend::Quorum(Quorum::new(nodes)))
     }
 }
