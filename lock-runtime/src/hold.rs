@@ -9,7 +9,7 @@
 //! - a release that cannot reach the servers does not undo a body that finished while the lock was
 //!   still valid: the lock expires by its TTL.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::acquire::{Granted, Request};
@@ -35,29 +35,52 @@ pub(crate) struct Hold {
     pub(crate) max_hold: Option<Duration>,
     /// How long after the grant the keys stay, even when the holder lets go earlier.
     min_hold: Option<Duration>,
-    /// Declared lost by `shutdown` while it was still valid: its release still keeps the keys
-    /// for `min_hold`.
-    kept_by_shutdown: AtomicBool,
+    /// What has happened to it (see [`Facts`]).
+    facts: Facts,
     /// The validity deadline: the lock is ours until then, as far as the last confirmed grant or
     /// renewal shows. Only moves forward.
     valid_until: AtomicInstant,
     /// Raised when the lock is declared lost.
     lost: Signal,
-    /// The key that was lost (index into `names`).
+    /// The key that was lost (index into `names`), written by whoever sets [`Facts::LOST`].
     lost_key: AtomicUsize,
-    /// Set by the first `declare_lost`.
-    lost_declared: AtomicBool,
     /// Raised when the holder must stop: the lock was lost (with `lost`) or `max_hold` passed.
     stop: Signal,
-    max_hold_passed: AtomicBool,
     /// Raised when the holder lets go (release, drop, shutdown): renewal stops, and guards that
     /// joined this hold no longer hold anything.
     released: Signal,
-    /// Set once the hold's end was reported.
-    ended: AtomicBool,
     pub(crate) labels: Labels,
     /// The acquisition's `distributed_lock` span.
     pub(crate) span: tracing::Span,
+}
+
+/// What has happened to a hold, one bit per fact in one word. A fact is set once and never
+/// cleared; [`set`](Facts::set) says whether this call set it, so exactly one caller acts on it
+/// (reports the loss, reports the end). Waking the holder is the [`Signal`]s' job: `lost` and
+/// `stop` are raised after the fact is set, `released` stands for the release itself.
+#[derive(Debug, Default)]
+struct Facts(AtomicU8);
+
+impl Facts {
+    /// Declared lost (by the renewal driver, the validity deadline, a release that found the key
+    /// taken, or `shutdown`).
+    const LOST: u8 = 1;
+    /// Declared lost by `shutdown` while it was still valid: its release still keeps the keys for
+    /// `min_hold`.
+    const KEPT_BY_SHUTDOWN: u8 = 1 << 1;
+    /// `max_hold` passed: renewal stops and the body is told to stop.
+    const MAX_HOLD_PASSED: u8 = 1 << 2;
+    /// The hold's end was reported.
+    const ENDED: u8 = 1 << 3;
+
+    /// Sets `fact`; true when it was not set before.
+    fn set(&self, fact: u8) -> bool {
+        self.0.fetch_or(fact, Ordering::AcqRel) & fact == 0
+    }
+
+    fn has(&self, fact: u8) -> bool {
+        self.0.load(Ordering::Acquire) & fact != 0
+    }
 }
 
 impl Hold {
@@ -73,15 +96,12 @@ impl Hold {
             acquired_at: granted.at,
             max_hold: req.max_hold,
             min_hold: req.min_hold,
-            kept_by_shutdown: AtomicBool::new(false),
+            facts: Facts::default(),
             valid_until: AtomicInstant::new(granted.valid_until),
             stop: Signal::default(),
             lost: Signal::default(),
             lost_key: AtomicUsize::new(0),
-            lost_declared: AtomicBool::new(false),
-            max_hold_passed: AtomicBool::new(false),
             released: Signal::default(),
-            ended: AtomicBool::new(false),
             labels: req.labels,
             span: req.span,
         }
@@ -117,7 +137,7 @@ impl Hold {
     /// How long a release at `now` leaves the keys: what is left of `min_hold`, unless the lock
     /// was lost before (by anything but [`shut_down`](Self::shut_down)).
     fn keep_for(&self, now: Instant, was_lost: bool) -> Option<Duration> {
-        let lost = was_lost && !self.kept_by_shutdown.load(Ordering::Acquire);
+        let lost = was_lost && !self.facts.has(Facts::KEPT_BY_SHUTDOWN);
         self.min_hold_left(now).filter(|_| !lost)
     }
 
@@ -126,7 +146,7 @@ impl Hold {
     /// must not run again elsewhere only because this process stopped).
     pub(crate) fn shut_down(&self) {
         if !self.check_lost() {
-            self.kept_by_shutdown.store(true, Ordering::Release);
+            self.facts.set(Facts::KEPT_BY_SHUTDOWN);
         }
         self.declare_lost(0, "lock_runtime::shutdown released it");
     }
@@ -155,7 +175,7 @@ impl Hold {
 
     /// Declares the lock lost, naming the key at `index` (once; later calls do nothing).
     pub(crate) fn declare_lost(&self, index: usize, why: &str) {
-        if self.is_released() || self.lost_declared.swap(true, Ordering::AcqRel) {
+        if self.is_released() || !self.facts.set(Facts::LOST) {
             return;
         }
         self.lost_key.store(index, Ordering::Release);
@@ -181,7 +201,7 @@ impl Hold {
 
     /// `max_hold` passed: renewal stops and the body is told to stop.
     pub(crate) fn pass_max_hold(&self) {
-        if self.max_hold_passed.swap(true, Ordering::AcqRel) || self.is_released() {
+        if !self.facts.set(Facts::MAX_HOLD_PASSED) || self.is_released() {
             return;
         }
         self.stop.raise();
@@ -190,7 +210,7 @@ impl Hold {
     }
 
     pub(crate) fn max_hold_passed(&self) -> bool {
-        self.max_hold_passed.load(Ordering::Acquire)
+        self.facts.has(Facts::MAX_HOLD_PASSED)
     }
 
     pub(crate) fn is_declared_lost(&self) -> bool {
@@ -283,7 +303,7 @@ fn settle(
     was_lost: bool,
     outcome: Result<bool, Vec<NodeFailure>>,
 ) -> Result<(), LockError> {
-    if !hold.ended.swap(true, Ordering::AcqRel) {
+    if hold.facts.set(Facts::ENDED) {
         events::ended(&hold.labels, hold.acquired_at);
     }
     match outcome {
@@ -299,7 +319,7 @@ fn settle(
         }
         Ok(false) => {
             // Not ours any more when we let go: someone may have held it meanwhile.
-            hold.lost_declared.store(true, Ordering::Release);
+            hold.facts.set(Facts::LOST);
             events::lost(
                 &hold.labels,
                 hold.name(),
