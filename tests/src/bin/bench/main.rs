@@ -58,6 +58,8 @@
 //!    another client, Jain's index of the grants per client, and how long an `acquire` waited
 //!    (p99).
 
+mod opts;
+
 use std::error::Error;
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -66,6 +68,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use clap::Parser as _;
 use lock_runtime::{LockClient, LockConfig};
 use lock_tests::history::now_ns;
 use lock_tests::sections::{self, Kind, Section};
@@ -73,6 +76,8 @@ use lock_tests::{RedisMasters, RedisServer, unique_key};
 use redis::AsyncCommands as _;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{ExistenceCheck, Script, SetExpiry, SetOptions};
+
+use crate::opts::Opts;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
@@ -92,105 +97,8 @@ end
 return 0
 ";
 
-#[derive(Debug)]
-struct Opts {
-    url: Option<String>,
-    secs: Duration,
-    warmup: Duration,
-    tasks: usize,
-    handoffs: usize,
-    waiters: usize,
-    samples: usize,
-    /// Locks held at once in section 6.
-    held: usize,
-    only: Vec<String>,
-    /// Columns of section 1 to run (all when empty): crate, multiplexed, foreign.
-    impls: Vec<String>,
-    fencing: bool,
-    /// Tables on stderr, the figures as one JSON object on stdout.
-    json: bool,
-}
-
-impl Opts {
-    fn parse() -> Res<Opts> {
-        let mut opts = Opts {
-            url: None,
-            secs: Duration::from_secs(3),
-            warmup: Duration::from_secs(1),
-            tasks: 16,
-            handoffs: 500,
-            waiters: 8,
-            samples: 1000,
-            held: 100_000,
-            only: Vec::new(),
-            impls: Vec::new(),
-            fencing: true,
-            json: false,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
-            match arg.as_str() {
-                "--url" => opts.url = Some(value()?),
-                "--secs" => opts.secs = Duration::from_secs_f64(value()?.parse()?),
-                "--warmup" => opts.warmup = Duration::from_secs_f64(value()?.parse()?),
-                "--tasks" => opts.tasks = value()?.parse()?,
-                "--handoffs" => opts.handoffs = value()?.parse()?,
-                "--waiters" => opts.waiters = value()?.parse()?,
-                "--samples" => opts.samples = value()?.parse()?,
-                "--held" => opts.held = value()?.parse()?,
-                "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
-                "--impls" => opts.impls = value()?.split(',').map(str::to_owned).collect(),
-                "--no-fencing" => opts.fencing = false,
-                "--json" => opts.json = true,
-                "-h" | "--help" => {
-                    println!(
-                        "bench [--url URL] [--secs S] [--warmup S] [--tasks N] [--handoffs N] \
-                         [--waiters N] [--samples N] [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology] [--impls crate,hosted,multiplexed,foreign] [--no-fencing] [--json]"
-                    );
-                    std::process::exit(0);
-                }
-                other => return Err(format!("unknown argument {other:?} (try --help)").into()),
-            }
-        }
-        if opts.waiters == 0
-            || opts.tasks == 0
-            || opts.handoffs == 0
-            || opts.samples == 0
-            || opts.held == 0
-        {
-            return Err(
-                "--tasks, --handoffs, --waiters, --samples and --held must be at least 1".into(),
-            );
-        }
-        Ok(opts)
-    }
-
-    fn runs(&self, section: &str) -> bool {
-        self.only.is_empty() || self.named(section)
-    }
-
-    /// Only for sections too long for the default run.
-    fn named(&self, section: &str) -> bool {
-        self.only.iter().any(|s| s == section)
-    }
-
-    fn runs_impl(&self, name: &str) -> bool {
-        self.impls.is_empty() || self.impls.iter().any(|s| s == name)
-    }
-
-    fn config(&self, config: LockConfig) -> LockConfig {
-        // Only when asked: the default differs by mode (on for single node, off for Redlock).
-        if self.fencing {
-            config
-        } else {
-            config.fencing(false)
-        }
-    }
-}
-
 fn main() -> Res<()> {
-    let opts = Opts::parse()?;
+    let opts = Opts::parse();
     JSON.store(opts.json, Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -215,7 +123,7 @@ fn main() -> Res<()> {
         },
         opts.secs.as_secs_f64(),
         opts.warmup.as_secs_f64(),
-        if opts.fencing {
+        if opts.fencing() {
             "default (single node on, Redlock off)"
         } else {
             "off"
