@@ -35,10 +35,12 @@ pub(crate) struct Opts {
     pub(crate) held: usize,
     /// Sections to run (all but held and topology when not given):
     /// pairs,handoff,memory,redlock,multi,contended,held,topology.
-    #[arg(long, value_name = "A,B,..", value_delimiter = ',', action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "A,B,..", value_delimiter = ',', action = clap::ArgAction::Set,
+          value_parser = ["pairs", "handoff", "memory", "redlock", "multi", "contended", "held", "topology"])]
     pub(crate) only: Vec<String>,
     /// Columns of section 1 to run (all when not given): crate,hosted,multiplexed,foreign.
-    #[arg(long, value_name = "A,B,..", value_delimiter = ',', action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "A,B,..", value_delimiter = ',', action = clap::ArgAction::Set,
+          value_parser = ["crate", "hosted", "multiplexed", "foreign"])]
     pub(crate) impls: Vec<String>,
     /// Fencing off everywhere (by default on for a single node, off for Redlock).
     #[arg(long)]
