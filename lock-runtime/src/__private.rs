@@ -3,12 +3,17 @@
 pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 
+/// The Redis key of a lock, for tests and tools.
+pub use crate::layout::redis_key;
 /// Which Redlock node a contended lock asks first, for tests.
-pub use crate::backend::gate_of;
+pub use crate::layout::redlock_gate as gate_of;
 /// The inverse of [`redis_keys`], for tools such as `lockctl`.
-pub use crate::backend::{KeyKind, lock_name_of};
+pub use crate::layout::{RedisKeyKind as KeyKind, redis_lock_name as lock_name_of};
+
 /// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
-pub use crate::backend::{redis_key, redis_keys};
+pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| redis_key(prefix, name, kind))
+}
 
 /// The script behind `inspect` on a Redis node, for `lockctl list` (which pipelines it). KEYS:
 /// lock, fence, queue leases (see [`redis_key`]). Its reply is read by [`decode_inspect`].
@@ -37,7 +42,7 @@ pub fn decode_inspect(reply: &[redis::Value]) -> Option<Option<NodeHold>> {
     let view = crate::backend::decode_inspect(reply)?;
     Some(view.map(|v| NodeHold {
         remaining: v.remaining,
-        fencing_token: v.fence,
+        fencing_token: v.fencing_token,
         holders: v.holders,
         queued: v.queued,
         owners: v.owners,
