@@ -1,66 +1,13 @@
 //! What `#[distributed_lock]` expands to. Not public API: no stability guarantees.
+//!
+//! Only what the expansion names (see `lock-macros/src/expand.rs`): `Call`, `acquire`,
+//! `acquire_blocking`, `until_lost`, `run_blocking`, `finish`, `finish_blocking`, `lock_error`,
+//! `KeyPart` and `Duration`; and `LockResult`, the bound of the calls that take the body's
+//! result. Tools read the servers through [`crate::layout`].
 
-pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 
-/// The Redis key of a lock, for tests and tools.
-pub use crate::layout::redis_key;
-/// Which Redlock node a contended lock asks first, for tests.
-pub use crate::layout::redlock_gate as gate_of;
-/// The inverse of [`redis_keys`], for tools such as `lockctl`.
-pub use crate::layout::{RedisKeyKind as KeyKind, redis_lock_name as lock_name_of};
-
-/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
-pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
-    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| redis_key(prefix, name, kind))
-}
-
-/// The script behind `inspect` on a Redis node, for `lockctl list` (which pipelines it). KEYS:
-/// lock, fence, queue leases (see [`redis_key`]). Its reply is read by [`decode_inspect`].
-pub fn inspect_script() -> &'static redis::Script {
-    &crate::backend::scripts::INSPECT
-}
-
-/// What one Redis node holds of a lock, from [`inspect_script`]'s reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeHold {
-    /// The key's time to live (`None`: no expiry).
-    pub remaining: Option<Duration>,
-    /// The node's fence counter for the key.
-    pub fencing_token: Option<u64>,
-    /// Live holders: 1, or the shares of a read lock, or the permits taken.
-    pub holders: usize,
-    /// Live waiters in a fair lock's queue.
-    pub queued: usize,
-    /// The live holders' owner records.
-    pub owners: Vec<crate::Owner>,
-}
-
-/// Reads [`inspect_script`]'s reply: `Some(None)` when the node does not hold the lock, `None`
-/// when the reply is not the script's.
-pub fn decode_inspect(reply: &[redis::Value]) -> Option<Option<NodeHold>> {
-    let view = crate::backend::decode_inspect(reply)?;
-    Some(view.map(|v| NodeHold {
-        remaining: v.remaining,
-        fencing_token: v.fencing_token,
-        holders: v.holders,
-        queued: v.queued,
-        owners: v.owners,
-    }))
-}
-
-/// How many of `nodes` nodes are a majority, as Redlock and `inspect` count them.
-pub fn majority(nodes: usize) -> usize {
-    crate::backend::Quorum::majority(nodes)
-}
-
-/// The owners a majority of nodes record, as `inspect` counts them (see `LockInfo::owners`):
-/// `per_node` holds the records of each node that holds the lock.
-pub fn majority_owners(per_node: &[Vec<crate::Owner>], quorum: usize) -> Vec<crate::Owner> {
-    crate::info::majority_owners(per_node, quorum)
-}
-
-use crate::Lock;
+use crate::{Lock, LockError, LockGuard};
 
 /// The return type of a `#[distributed_lock]` function.
 #[diagnostic::on_unimplemented(
