@@ -1,6 +1,6 @@
 //! etcd (feature `etcd`): the reads the library has no call for. `list` ranges over the lock
-//! prefix for lock names, `watch` watches it for deletions; `lock_runtime::etcd_lock_name` maps
-//! each key back to its lock (the layout is the library's).
+//! prefix for lock names, `watch` watches it for deletions; `lock_runtime::layout::etcd_lock_name`
+//! maps each key back to its lock (the layout is the library's).
 
 use std::collections::BTreeSet;
 
@@ -112,7 +112,7 @@ impl Etcd {
             names.extend(
                 page.kvs()
                     .iter()
-                    .filter_map(|kv| lock_runtime::etcd_lock_name(prefix, kv.key())),
+                    .filter_map(|kv| lock_runtime::layout::etcd_lock_name(prefix, kv.key())),
             );
             match page.kvs().last() {
                 Some(last) if page.more() => {
@@ -188,7 +188,7 @@ impl Etcd {
                     if event.event_type() != EventType::Delete {
                         continue;
                     }
-                    let Some(lock) = lock_runtime::etcd_lock_name(&prefix, kv.key()) else {
+                    let Some(lock) = lock_runtime::layout::etcd_lock_name(&prefix, kv.key()) else {
                         continue;
                     };
                     // One line per lock and revision: a release deletes a lock's keys at once.

@@ -2,11 +2,12 @@
 //! minority of nodes hold shows each node's view (still exit 1: it is not a held lock).
 
 use futures_util::future::join_all;
+use lock_runtime::layout;
 use lock_runtime::{LockInfo, NodeLockState};
 
 use crate::error::{CliError, Exit};
 use crate::format::{self, NodeView};
-use crate::holds::{self, NodeHold};
+use crate::holds::{self, Hold};
 use crate::target::{Node, Target};
 
 /// How often `inspect` asks again when the nodes' own views say "held by a quorum" right after
@@ -29,7 +30,7 @@ pub(crate) async fn run(target: &Target, key: &str, json: bool) -> Result<Exit, 
         };
         let views = views(target, nodes, key).await?;
         let holding = views.iter().filter(|(_, hold)| hold.is_some()).count();
-        let quorum = lock_runtime::__private::majority(nodes.len());
+        let quorum = layout::majority(nodes.len());
         if holding == 0 {
             return not_held(key, json);
         }
@@ -58,7 +59,7 @@ async fn views<'a>(
     target: &Target,
     nodes: &'a [Node],
     key: &str,
-) -> Result<Vec<(&'a str, Option<NodeHold>)>, CliError> {
+) -> Result<Vec<(&'a str, Option<Hold>)>, CliError> {
     let names = [key.to_owned()];
     let answers = join_all(nodes.iter().map(|n| holds::read(n, &target.prefix, &names))).await;
     let mut views = Vec::with_capacity(nodes.len());
@@ -76,7 +77,7 @@ async fn views<'a>(
 }
 
 /// A lock that fewer than `quorum` nodes hold: the verdict, then each node's view.
-fn print_minority(key: &str, views: &[(&str, Option<NodeHold>)], quorum: usize, json: bool) {
+fn print_minority(key: &str, views: &[(&str, Option<Hold>)], quorum: usize, json: bool) {
     let holding = views.iter().filter(|(_, hold)| hold.is_some()).count();
     let views = views
         .iter()

@@ -6,15 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lock_runtime::__private::{KeyKind, lock_name_of};
+use lock_runtime::Owner;
+use lock_runtime::layout::{self, RedisKeyKind};
 
 use crate::error::{CliError, Exit};
 use crate::format;
 use crate::glob;
-use lock_runtime::__private::{majority, majority_owners};
-use lock_runtime::Owner;
-
-use crate::holds::{self, NodeHold};
+use crate::holds::{self, Hold};
 use crate::target::{Node, Servers, Target};
 
 const SCAN_COUNT: usize = 1000;
@@ -37,7 +35,7 @@ struct Listing {
 #[derive(Debug)]
 struct Listed {
     name: String,
-    holds: Vec<Option<NodeHold>>,
+    holds: Vec<Option<Hold>>,
 }
 
 impl Listed {
@@ -54,7 +52,7 @@ impl Listed {
     }
 
     /// Like `inspect`: what a majority of the nodes holding it agree on at least.
-    fn count(&self, quorum: usize, of: impl Fn(&NodeHold) -> usize) -> usize {
+    fn count(&self, quorum: usize, of: impl Fn(&Hold) -> usize) -> usize {
         let mut counts: Vec<usize> = self.holds.iter().flatten().map(of).collect();
         counts.sort_unstable_by(|a, b| b.cmp(a));
         counts.get(quorum - 1).copied().unwrap_or(0)
@@ -68,7 +66,7 @@ impl Listed {
             .flatten()
             .map(|h| h.owners.clone())
             .collect();
-        majority_owners(&per_node, quorum)
+        layout::majority_owners(&per_node, quorum)
     }
 
     fn fencing_token(&self) -> Option<u64> {
@@ -124,7 +122,7 @@ async fn on_redis(
         }
     }
     // A cluster's lock lives on one master: one answer is enough for it.
-    let quorum = if cluster { 1 } else { majority(count) };
+    let quorum = if cluster { 1 } else { layout::majority(count) };
     if unreachable.len() > count - quorum {
         return Err(target.error(unreachable.join("; ")));
     }
@@ -138,7 +136,7 @@ async fn on_redis(
 }
 
 /// The locks of one node whose names match `pattern`.
-async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, NodeHold)>, String> {
+async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, Hold)>, String> {
     let mut conn = node.connect().await?;
     let failed = |e: redis::RedisError| format!("{}: {e}", node.name);
     let key_pattern = format!("{}{{*", glob::escape_redis(prefix));
@@ -157,7 +155,7 @@ async fn scan(node: &Node, prefix: &str, pattern: &str) -> Result<Vec<(String, N
         names.extend(
             keys.iter()
                 .filter_map(|key| std::str::from_utf8(key).ok())
-                .filter_map(|key| lock_name_of(prefix, key, KeyKind::Lock))
+                .filter_map(|key| layout::redis_lock_name(prefix, key, RedisKeyKind::Lock))
                 .filter(|name| glob::matches(pattern, name)),
         );
         if next == 0 {
@@ -204,16 +202,9 @@ async fn on_etcd(
     for info in infos {
         // `None`: released or expired since the range read.
         if let Some(info) = info.map_err(|e| target.error(e))? {
-            let hold = NodeHold {
-                remaining: info.remaining,
-                fencing_token: info.fencing_token,
-                holders: info.holders,
-                queued: info.queued,
-                owners: info.owners,
-            };
             locks.push(Listed {
-                name: info.key,
-                holds: vec![Some(hold)],
+                name: info.key.clone(),
+                holds: vec![Some(Hold::from(info))],
             });
         }
     }

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::{self, BoxStream};
-use lock_runtime::__private::{KeyKind, lock_name_of};
+use lock_runtime::layout::{self, RedisKeyKind};
 
 use crate::error::{CliError, Exit};
 use crate::glob;
@@ -68,7 +68,8 @@ async fn on_redis(
         let Some(msg) = msg else {
             return Err(target.error(format!("{node}: connection closed")));
         };
-        let Some(key) = lock_name_of(&target.prefix, msg.get_channel_name(), KeyKind::Released)
+        let channel = msg.get_channel_name();
+        let Some(key) = layout::redis_lock_name(&target.prefix, channel, RedisKeyKind::Released)
         else {
             continue;
         };

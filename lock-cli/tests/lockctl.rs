@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig};
 use lock_tests::{
-    Finished, RedisMasters, RedisServer, Worker, free_port, key_exists, unique_key, wait_until,
+    Finished, RedisMasters, RedisServer, Worker, free_port, key_exists, lock_keys, unique_key,
+    wait_until,
 };
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -194,7 +195,7 @@ async fn release_needs_force_and_yes_then_frees_the_lock_and_the_holder_sees_it_
     let unconfirmed = lockctl(&["--url", &url, "release", &key, "--force"]);
     assert_eq!(code(&unconfirmed), Some(2), "{unconfirmed:?}");
     assert!(unconfirmed.stderr.contains("--yes"), "{unconfirmed:?}");
-    let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+    let lock_key = lock_keys(&key).lock;
     assert!(
         key_exists(&server, &lock_key),
         "a refused release deleted the lock"
@@ -346,7 +347,7 @@ async fn list_and_inspect_show_who_holds_each_lock() {
     assert_eq!(listed_owners.len(), 1, "{listed}");
     assert_eq!(listed_owners[0]["name"], "billing-7", "{listed}");
     // The value the grant wrote starts with the token's secret; nothing shows it.
-    let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &wallet);
+    let lock_key = lock_keys(&wallet).lock;
     let value: String = redis::cmd("GET")
         .arg(&lock_key)
         .query(&mut server.admin())
@@ -449,7 +450,7 @@ async fn redlock_list_and_inspect_show_each_node() {
     );
 
     // One node loses the key: still listed, held by 2 of 3.
-    let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+    let lock_key = lock_keys(&key).lock;
     let _: i64 = redis::cmd("DEL")
         .arg(&lock_key)
         .query(&mut masters.nodes[0].admin())
@@ -496,7 +497,7 @@ async fn cluster_list_inspect_and_release_reach_every_master() {
     for i in 0..12 {
         let key = format!("{prefix}:{i}");
         guards.push(locks.lock(&key).ttl(TTL).acquire().await.unwrap());
-        let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+        let lock_key = lock_keys(&key).lock;
         masters.insert(format!("127.0.0.1:{}", cluster.master_of(&lock_key).port()));
     }
     assert!(masters.len() > 1, "{masters:?}");
@@ -507,7 +508,7 @@ async fn cluster_list_inspect_and_release_reach_every_master() {
     for i in 0..12 {
         let key = format!("{prefix}:{i}");
         let cells = row(&list, &key).unwrap_or_else(|| panic!("{key} not listed: {list:?}"));
-        let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+        let lock_key = lock_keys(&key).lock;
         let master = format!("127.0.0.1:{}", cluster.master_of(&lock_key).port());
         assert_eq!(cells[1], master, "{list:?}");
         seen.insert(master);
@@ -538,7 +539,7 @@ async fn cluster_list_inspect_and_release_reach_every_master() {
         "--yes",
     ]);
     assert_eq!(code(&released), Some(0), "{released:?}");
-    let [lock_key, _, _] = lock_runtime::__private::redis_keys("lock:", &key);
+    let lock_key = lock_keys(&key).lock;
     assert!(cluster.master_of(&lock_key).keys(&lock_key).is_empty());
 
     let watch = lockctl(&["--cluster", "--url", &seed, "watch"]);

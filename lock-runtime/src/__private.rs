@@ -1,64 +1,16 @@
 //! What `#[distributed_lock]` expands to. Not public API: no stability guarantees.
+//!
+//! Only what the expansion names (see `lock-macros/src/expand.rs`): `Call`, `acquire`,
+//! `acquire_blocking`, `until_lost`, `run_blocking`, `finish`, `finish_blocking`, `lock_error`,
+//! `KeyPart`, `Mode` and `Duration`; and `LockResult`, the bound of the calls that take the body's
+//! result. Tools read the servers through [`crate::layout`].
 
-pub use crate::{LockError, LockGuard};
 pub use core::time::Duration;
 /// The lock's kind, as the attribute's `fair`, `shared` and `permits` make it.
 pub use lock_rules::Mode;
 
-/// Which Redlock node a contended lock asks first, for tests.
-pub use crate::backend::gate_of;
-/// The inverse of [`redis_keys`], for tools such as `lockctl`.
-pub use crate::backend::{KeyKind, lock_name_of};
-/// The Redis keys of a lock (lock, fence counter, release channel), for tests and tools.
-pub use crate::backend::{redis_key, redis_keys};
-
-/// The script behind `inspect` on a Redis node, for `lockctl list` (which pipelines it). KEYS:
-/// lock, fence, queue leases (see [`redis_key`]). Its reply is read by [`decode_inspect`].
-pub fn inspect_script() -> &'static redis::Script {
-    &crate::backend::scripts::INSPECT
-}
-
-/// What one Redis node holds of a lock, from [`inspect_script`]'s reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeHold {
-    /// The key's time to live (`None`: no expiry).
-    pub remaining: Option<Duration>,
-    /// The node's fence counter for the key.
-    pub fencing_token: Option<u64>,
-    /// Live holders: 1, or the shares of a read lock, or the permits taken.
-    pub holders: usize,
-    /// Live waiters in a fair lock's queue.
-    pub queued: usize,
-    /// The live holders' owner records.
-    pub owners: Vec<crate::Owner>,
-}
-
-/// Reads [`inspect_script`]'s reply: `Some(None)` when the node does not hold the lock, `None`
-/// when the reply is not the script's.
-pub fn decode_inspect(reply: &[redis::Value]) -> Option<Option<NodeHold>> {
-    let view = crate::backend::decode_inspect(reply)?;
-    Some(view.map(|v| NodeHold {
-        remaining: v.remaining,
-        fencing_token: v.fence,
-        holders: v.holders,
-        queued: v.queued,
-        owners: v.owners,
-    }))
-}
-
-/// How many of `nodes` nodes are a majority, as Redlock and `inspect` count them.
-pub fn majority(nodes: usize) -> usize {
-    crate::backend::Quorum::majority(nodes)
-}
-
-/// The owners a majority of nodes record, as `inspect` counts them (see `LockInfo::owners`):
-/// `per_node` holds the records of each node that holds the lock.
-pub fn majority_owners(per_node: &[Vec<crate::Owner>], quorum: usize) -> Vec<crate::Owner> {
-    crate::info::majority_owners(per_node, quorum)
-}
-
-use crate::Lock;
 use crate::hold::{self, Body};
+use crate::{Lock, LockError, LockGuard};
 
 /// The return type of a `#[distributed_lock]` function.
 #[diagnostic::on_unimplemented(

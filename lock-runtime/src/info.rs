@@ -67,7 +67,7 @@ pub(crate) async fn inspect(backend: &Backend, name: &str) -> Result<Option<Lock
                     node: node.addr().to_owned(),
                     held: view.is_some(),
                     remaining: view.as_ref().and_then(|v| v.remaining),
-                    fencing_token: view.as_ref().and_then(|v| v.fence),
+                    fencing_token: view.as_ref().and_then(|v| v.fencing_token),
                 });
                 if let Some(v) = view {
                     holders_seen.push(v.holders);
@@ -127,7 +127,7 @@ pub(crate) fn majority_owners(per_node: &[Vec<Owner>], quorum: usize) -> Vec<Own
             .map(|records| records.iter().filter(|o| *o == owner).count())
             .collect();
         counts.sort_unstable_by(|a, b| b.cmp(a));
-        let times = counts.get(quorum - 1).copied().unwrap_or(0);
+        let times = counts.get(quorum.saturating_sub(1)).copied().unwrap_or(0);
         owners.extend(std::iter::repeat_n(owner.clone(), times));
     }
     owners

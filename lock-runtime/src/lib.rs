@@ -296,6 +296,10 @@
 //!   [`Owner`]s (named by [`LockConfig::owner`], or `host:pid`), each node's view);
 //!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
 //!   `lock-cli`) lists, inspects, force-releases and watches locks.
+//! - [`layout`] tells how locks lie on the servers, for tools that read them directly (as
+//!   `lockctl` does): each lock's Redis keys and etcd key and the way back to its name, the call
+//!   that reads what a Redis node holds of a lock and its typed reply, and the quorum arithmetic
+//!   of Redlock and `inspect`.
 //! - The `observed` example (`cargo run -p lock-examples --bin observed`) runs a workload with a
 //!   tracing subscriber and a Prometheus endpoint; DEPLOYING.md's "Operating it" shows its output.
 //!
@@ -458,13 +462,12 @@ mod wait;
 
 #[doc(hidden)]
 pub mod __private;
+pub mod layout;
 
 /// What the library promises under each fault, and the test that proves it.
 #[doc = include_str!("../FAULTS.md")]
 pub mod fault_table {}
 
-#[cfg(feature = "etcd")]
-pub use backend::etcd_lock_name;
 pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use election::{Election, Leadership};

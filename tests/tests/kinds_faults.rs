@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::__private::{KeyKind, redis_key};
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::sections::Kind;
 use lock_tests::{
@@ -164,7 +163,7 @@ async fn a_killed_fair_waiter_leaves_the_line_within_its_ttl() {
     let mut dead = holder(&server, &key, ttl, Kind::Fair);
     until_queued(&locks, &key, 1).await;
     dead.kill();
-    let leases = redis_key("lock:", &key, KeyKind::QueueLeases);
+    let leases = lock_keys(&key).queue_leases;
     let left = leases_left(&server, &leases)[0];
     let killed = Instant::now();
     let waiter = {

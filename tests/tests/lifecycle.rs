@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::__private::redis_keys;
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     BusyScript, CLEANUP_PAUSE, FaultProxy, KeyEvents, LoadingServer, RedisMasters, RedisServer,
@@ -21,7 +20,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 const FENCE_LAG: Duration = Duration::from_millis(100);
 
 fn fence_key(name: &str) -> String {
-    redis_keys("lock:", name)[1].clone()
+    lock_keys(name).fence
 }
 
 /// Deletes the fence counter of `key`, as an eviction or a restart without data would.

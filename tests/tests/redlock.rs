@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use lock_runtime::layout::redlock_gate;
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
@@ -791,7 +792,7 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
     warm.release().await.unwrap();
     let key = unique_key("redlock:split");
     let lock_key = lock_keys(&key).lock;
-    let gate = &masters.nodes[lock_runtime::__private::gate_of(&key, NODES)];
+    let gate = &masters.nodes[redlock_gate(&key, NODES)];
     let others: Vec<&RedisServer> = masters
         .nodes
         .iter()
@@ -856,7 +857,7 @@ async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
         other => panic!("expected Contended while held, got {other:?}"),
     }
     guard.release().await.unwrap();
-    let gate = &masters.nodes[lock_runtime::__private::gate_of(&key, NODES)];
+    let gate = &masters.nodes[redlock_gate(&key, NODES)];
     gate.freeze();
     let start = Instant::now();
     let got = waiter.lock(&key).acquire().await;
@@ -923,7 +924,7 @@ async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
     let holder = client(masters.urls());
     let caller = patient_client(masters.urls());
     let key = unique_key("redlock:gate-only");
-    let gate = lock_runtime::__private::gate_of(&key, NODES);
+    let gate = redlock_gate(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
     match caller.lock(&key).acquire().await {
         Err(LockError::Contended { .. }) => {}
@@ -954,7 +955,7 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
     let holder = client(masters.urls());
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:announce");
-    let gate = lock_runtime::__private::gate_of(&key, NODES);
+    let gate = redlock_gate(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
     let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(10)));
     await_waiter(&masters.nodes[gate], &key).await;
@@ -979,7 +980,6 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
 /// backoff).
 #[tokio::test]
 async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
-    use lock_runtime::__private::gate_of;
     let masters = RedisMasters::start(NODES);
     let holder = client(masters.urls());
     let waiter = patient_client(masters.urls());
@@ -987,7 +987,7 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
     let base = unique_key("redlock:multi-gate");
     let (first, held) = (0..100)
         .map(|i| (format!("{base}:a{i}"), format!("{base}:b{i}")))
-        .find(|(a, b)| gate_of(a, NODES) != gate_of(b, NODES))
+        .find(|(a, b)| redlock_gate(a, NODES) != redlock_gate(b, NODES))
         .expect("two keys with different gates");
     let guard = hold_on_all(&holder, &masters, &held).await;
     let waiting = start_acquire(
@@ -995,10 +995,10 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
             .lock_many([&held, &first])
             .wait(Duration::from_secs(10)),
     );
-    await_waiter(&masters.nodes[gate_of(&first, NODES)], &held).await;
+    await_waiter(&masters.nodes[redlock_gate(&first, NODES)], &held).await;
     let channel = lock_keys(&held).channel;
     assert_eq!(
-        masters.nodes[gate_of(&held, NODES)].subscribers(&channel),
+        masters.nodes[redlock_gate(&held, NODES)].subscribers(&channel),
         0,
         "listening at the held key's own gate"
     );
@@ -1017,7 +1017,7 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     let masters = RedisMasters::start(NODES);
     let holder = client(masters.urls());
     let key = unique_key("redlock:frozen-gate-wake");
-    let gate = lock_runtime::__private::gate_of(&key, NODES);
+    let gate = redlock_gate(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
     masters.nodes[gate].freeze();
     let waiter = LockClient::new(
@@ -1048,11 +1048,10 @@ async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
 /// lease (the waiter's ttl) runs out.
 #[tokio::test]
 async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() {
-    use lock_runtime::__private::{KeyKind, gate_of, redis_key};
     let masters = RedisMasters::start(3);
     let key = unique_key("redlock:fair-frozen-gate");
-    let gate = gate_of(&key, 3);
-    let queue = redis_key("lock:", &key, KeyKind::Queue);
+    let gate = redlock_gate(&key, 3);
+    let queue = lock_keys(&key).queue;
     let others = all_but(&masters, gate);
     masters.nodes[gate].freeze();
     let holder = client(masters.urls());
@@ -1110,10 +1109,9 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
 /// deleted the new lock's key: the lock sat on the gate alone, a minority.
 #[tokio::test]
 async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
-    use lock_runtime::__private::gate_of;
     let masters = RedisMasters::start(3);
     let key = unique_key("redlock:step-order");
-    let gate = gate_of(&key, 3);
+    let gate = redlock_gate(&key, 3);
     let (slow, held) = ((gate + 1) % 3, (gate + 2) % 3);
     let proxy = FaultProxy::start(masters.nodes[slow].port());
     let urls: Vec<String> = (0..3)

@@ -6,11 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::__private::{KeyKind, redis_key};
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    CLEANUP_PAUSE, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, key_exists, lock_keys,
-    pause_writes, unique_key, wait_until_async, warm_up,
+    CLEANUP_PAUSE, KeyEvents, LockKeys, RedisServer, SCHEDULING_SLACK, bounded, key_exists,
+    lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
 };
 
 /// One request with the default timeouts: connect 1 s + response 500 ms.
@@ -258,8 +257,11 @@ fn queue_fake_waiters(
     first_ticket: u64,
     lease_ms: i64,
 ) {
-    let queue = redis_key("lock:", name, KeyKind::Queue);
-    let leases = redis_key("lock:", name, KeyKind::QueueLeases);
+    let LockKeys {
+        queue,
+        queue_leases: leases,
+        ..
+    } = lock_keys(name);
     let mut admin = server.admin();
     for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
         let mut by_ticket = redis::cmd("ZADD");
@@ -301,8 +303,11 @@ async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds()
     warm_up(&locks).await;
     let response_timeout = Duration::from_millis(500);
     let key = unique_key("limits:long-line");
-    let queue = redis_key("lock:", &key, KeyKind::Queue);
-    let leases = redis_key("lock:", &key, KeyKind::QueueLeases);
+    let LockKeys {
+        queue,
+        queue_leases: leases,
+        ..
+    } = lock_keys(&key);
     let stale = 100_000;
 
     // The acquire purges them.

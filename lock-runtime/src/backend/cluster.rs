@@ -2,7 +2,7 @@
 //! slot through redis-rs's cluster client (which follows `MOVED`/`ASK` and refreshes its slot map
 //! after a failover); the scripts are the single-node ones ([`Calls`]).
 //!
-//! A lock's own keys always share a slot (see [`redis_keys`](super::redis_keys)). A multi-key
+//! A lock's own keys always share a slot (see [`redis_key`](super::redis_key)). A multi-key
 //! lock whose names share a hash tag is one script call; otherwise its keys are grouped by slot
 //! and taken group by group in canonical order, and a refusal or failure gives back the groups
 //! already taken.
@@ -27,7 +27,7 @@ use tokio::sync::OnceCell;
 use super::redis::{Calls, NodeAddr, OpenPubSub, PubSub, Subscriptions, hash_tag};
 use super::{
     Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem, ExtendOutcome, Mode,
-    Node, NodeView, Subscription, Token, ValidBackend,
+    Node, NodeHold, Subscription, Token, ValidBackend,
 };
 use crate::config::{Settings, redact_all};
 use crate::error::{FailureKind, LockError, NodeFailure};
@@ -289,7 +289,7 @@ impl Node for ClusterNode {
     fn inspect<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+    ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
         Box::pin(async move {
             let conn = self.conn().await?;
             self.calls

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     Ask, AtOnce, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem,
-    ExtendOutcome, Mode, Node, NodeView, Subscription, Token, ValidBackend,
+    ExtendOutcome, Mode, Node, NodeHold, Subscription, Token, ValidBackend,
 };
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
@@ -470,7 +470,7 @@ impl Node for MemoryNode {
     fn inspect<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+    ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
         let now = Instant::now();
         let mut state = self.state();
         let queued = state.queue(name, now).map_or(0, |q| q.len());
@@ -482,9 +482,9 @@ impl Node for MemoryNode {
                 (last - now, g.holders.len(), owners)
             }),
         };
-        let view = held.map(|(remaining, holders, owners)| NodeView {
+        let view = held.map(|(remaining, holders, owners)| NodeHold {
             remaining: Some(remaining),
-            fence: state.fences.get(name).copied(),
+            fencing_token: state.fences.get(name).copied(),
             holders,
             queued,
             owners,

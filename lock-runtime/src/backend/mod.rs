@@ -25,12 +25,11 @@ use crate::owner::Identity;
 pub(crate) use cluster::ClusterConfig;
 pub(crate) use etcd::EtcdConfig;
 #[cfg(feature = "etcd")]
-pub use etcd::etcd_lock_name;
+pub(crate) use etcd::{etcd_key, etcd_lock_name};
 pub(crate) use memory::InMemory;
-pub use redis::{KeyKind, lock_name_of, redis_key, redis_keys};
-pub(crate) use redis::{SingleConfig, decode_inspect};
-pub use redlock::gate_of;
-pub(crate) use redlock::{Quorum, RedlockConfig};
+pub use redis::KeyKind;
+pub(crate) use redis::{SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key};
+pub(crate) use redlock::{Quorum, RedlockConfig, gate_of};
 pub(crate) use sentinel::SentinelConfig;
 pub(crate) use setup::{BackendConfig, BackendKind, ValidBackend};
 
@@ -99,7 +98,7 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
 
     /// What this node knows of the lock `name`: `None` when it does not hold it.
     fn inspect<'a>(&'a self, name: &'a str)
-    -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>>;
+    -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>>;
 
     /// Deletes the lock `name` whoever holds it, and wakes its waiters. `Ok(true)` when it was
     /// held.
@@ -148,19 +147,26 @@ pub(crate) trait AtOnce {
     ) -> bool;
 }
 
-/// One node's view of a held lock.
+/// What one server holds of a lock: a Redis node's answer to the inspect script (see
+/// [`decode_redis_inspect`](crate::layout::decode_redis_inspect)). [`inspect`](crate::inspect)
+/// reads every backend's servers into it (etcd: the cluster is one server) and counts a lock's
+/// [`LockInfo`](crate::LockInfo) from those of its nodes, of which
+/// [`LockInfo::nodes`](crate::LockInfo::nodes) shows part.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NodeView {
-    /// `None`: the key has no expiry.
-    pub(crate) remaining: Option<Duration>,
-    /// The key's fence counter, when it has one.
-    pub(crate) fence: Option<u64>,
-    /// Holders with a live lease: 1 for an exclusive lock.
-    pub(crate) holders: usize,
-    /// Waiters in a fair lock's queue with a live lease.
-    pub(crate) queued: usize,
-    /// The live holders' owner records that could be read.
-    pub(crate) owners: Vec<crate::owner::Owner>,
+#[non_exhaustive]
+pub struct NodeHold {
+    /// The lock key's time to live on this server (`None`: the key has no expiry).
+    pub remaining: Option<Duration>,
+    /// The server's fence counter for the lock (`None`: it has none).
+    pub fencing_token: Option<u64>,
+    /// Live holders: 1 for an exclusive or fair lock, the live shares of a shared lock, the
+    /// permits taken of a semaphore.
+    pub holders: usize,
+    /// Live waiters in a fair lock's queue (0 for other locks).
+    pub queued: usize,
+    /// The live holders' [`Owner`](crate::Owner) records that could be read (a value written
+    /// by something other than this library has none).
+    pub owners: Vec<crate::owner::Owner>,
 }
 
 /// Where a waiter listens for one lock's releases: its subscriptions, and how many of them must

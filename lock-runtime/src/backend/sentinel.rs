@@ -20,7 +20,7 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
 use super::redis::{NodeAddr, RedisNode};
 use super::{
     Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem, ExtendOutcome, Mode,
-    Node, NodeView, Subscription, Token, ValidBackend,
+    Node, NodeHold, Subscription, Token, ValidBackend,
 };
 use crate::config::{Settings, redact_all};
 use crate::error::{FailureKind, LockError, NodeFailure};
@@ -353,7 +353,7 @@ impl Node for SentinelNode {
     fn inspect<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+    ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
         Box::pin(self.on_master(move |node| Box::pin(async move { node.inspect(name).await })))
     }
 

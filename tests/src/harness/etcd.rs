@@ -527,9 +527,10 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-/// The etcd key of lock `name` under the default prefix `lock:`.
+/// The etcd key of lock `name` under the default prefix `lock:` (also of a name's beginning: the
+/// keys of the locks whose names start with `name` start with it).
 pub fn etcd_key(name: &str) -> String {
-    format!("lock:{name}")
+    lock_runtime::layout::etcd_key("lock:", name)
 }
 
 #[cfg(test)]

@@ -39,15 +39,23 @@ pub struct LockKeys {
     pub fence: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
+    /// A fair lock's waiters, by arrival.
+    pub queue: String,
+    /// A fair lock's waiters, by the expiry of their entry's lease.
+    pub queue_leases: String,
 }
 
-/// The keys of lock `name` with the default prefix (the runtime's own layout, braces escaped).
+/// The keys of lock `name` with the default prefix (the runtime's own layout, braces escaped:
+/// [`lock_runtime::layout::redis_key`]).
 pub fn lock_keys(name: &str) -> LockKeys {
-    let [lock, fence, channel] = lock_runtime::__private::redis_keys("lock:", name);
+    use lock_runtime::layout::{RedisKeyKind, redis_key};
+    let key = |kind| redis_key("lock:", name, kind);
     LockKeys {
-        lock,
-        fence,
-        channel,
+        lock: key(RedisKeyKind::Lock),
+        fence: key(RedisKeyKind::Fence),
+        channel: key(RedisKeyKind::Released),
+        queue: key(RedisKeyKind::Queue),
+        queue_leases: key(RedisKeyKind::QueueLeases),
     }
 }
 

@@ -103,14 +103,9 @@ impl Keys {
     /// this one (0x7f is above every tag), outside the ranges compared here. Names without NUL
     /// keep their plain key.
     pub(super) fn new(prefix: &str, name: &str) -> Self {
-        let mut lock = Vec::with_capacity(prefix.len() + name.len());
-        for &b in prefix.as_bytes().iter().chain(name.as_bytes()) {
-            lock.push(b);
-            if b == 0 {
-                lock.push(0x7f);
-            }
+        Keys {
+            lock: etcd_key(prefix, name).into_bytes(),
         }
-        Keys { lock }
     }
 
     pub(super) fn lock(&self) -> &[u8] {
@@ -175,12 +170,24 @@ impl Keys {
     }
 }
 
-/// The name of the lock whose etcd key `key` is under `prefix`, for tools that read etcd directly
-/// (`lockctl list` and `watch` range over the prefix): `Some` for a lock's key (`prefix` + name,
-/// see [`LockConfig::etcd`](crate::LockConfig::etcd)) and for the entries of its fair, shared and
-/// permit callers, which hold the lock or wait in its line; `None` for a writer's waiting mark
-/// (it never holds the lock) and for keys that are no lock's.
-pub fn etcd_lock_name(prefix: &str, key: &[u8]) -> Option<String> {
+/// The lock key `K` of the lock `name` under `prefix` (see [`Keys::new`]). NUL and 0x7f are
+/// ASCII, so the key is as much UTF-8 as the name.
+pub(crate) fn etcd_key(prefix: &str, name: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + name.len());
+    for c in prefix.chars().chain(name.chars()) {
+        key.push(c);
+        if c == '\0' {
+            key.push('\u{7f}');
+        }
+    }
+    key
+}
+
+/// The name of the lock whose key (or entry) `key` is under `prefix`: `Some` for a lock's key and
+/// for the entries of its fair, shared and permit callers, which hold the lock or wait in its
+/// line; `None` for a writer's waiting mark (it never holds the lock) and for keys that are no
+/// lock's. Public as [`crate::layout::etcd_lock_name`].
+pub(crate) fn etcd_lock_name(prefix: &str, key: &[u8]) -> Option<String> {
     let rest = key.strip_prefix(Keys::new(prefix, "").lock())?;
     // The name runs up to the first NUL that is not an escaped one (NUL 0x7f).
     let mut name = Vec::with_capacity(rest.len());

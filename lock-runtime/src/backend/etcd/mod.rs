@@ -34,7 +34,7 @@ mod watch;
 use std::fmt;
 
 #[cfg(feature = "etcd")]
-pub use self::kinds::etcd_lock_name;
+pub(crate) use self::kinds::{etcd_key, etcd_lock_name};
 use super::{BackendConfig, ValidBackend};
 use crate::config::redact_endpoint;
 use crate::error::LockError;

@@ -16,7 +16,7 @@ use super::kinds::{self, Keys, Tag};
 use super::members::Member;
 use super::watch::Watched;
 use crate::backend::{
-    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeHold, Subscription, Token,
 };
 use crate::config::Settings;
 use crate::error::NodeFailure;
@@ -240,7 +240,7 @@ impl Inner {
         }
     }
 
-    async fn inspect(&self, name: &str) -> Result<Option<NodeView>, NodeFailure> {
+    async fn inspect(&self, name: &str) -> Result<Option<NodeHold>, NodeFailure> {
         let Some(seen) = self.read_lock("inspect", &self.keys(name)).await? else {
             return Ok(None);
         };
@@ -266,9 +266,9 @@ impl Inner {
             }
             Some(longest)
         };
-        Ok(Some(NodeView {
+        Ok(Some(NodeHold {
             remaining,
-            fence: u64::try_from(seen.fence).ok(),
+            fencing_token: u64::try_from(seen.fence).ok(),
             holders: seen.holders,
             queued: seen.queued,
             owners: seen.owners,
@@ -425,7 +425,7 @@ impl Node for EtcdNode {
     fn inspect<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+    ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
         Box::pin(self.inner.inspect(name))
     }
 

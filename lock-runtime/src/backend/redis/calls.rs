@@ -12,7 +12,7 @@ use crate::backend::fences::{FENCE_LAG, FencePaths, TxFence};
 use crate::backend::scripts;
 use crate::backend::wait_pool::WaitPool;
 use crate::backend::{
-    Ask, Attempt, ExtendItem, ExtendOutcome, Mode, NodeView, Token, millis, millis_up,
+    Ask, Attempt, ExtendItem, ExtendOutcome, Mode, NodeHold, Token, millis, millis_up,
 };
 use crate::config::Settings;
 use crate::error::NodeFailure;
@@ -291,13 +291,8 @@ impl Calls {
         &self,
         conn: &C,
         name: &str,
-    ) -> Result<Option<NodeView>, NodeFailure> {
-        let keys = self.lock_keys(name);
-        let mut invocation = scripts::INSPECT.prepare_invoke();
-        invocation
-            .key(keys.of(KeyKind::Lock))
-            .key(keys.of(KeyKind::Fence))
-            .key(keys.of(KeyKind::QueueLeases));
+    ) -> Result<Option<NodeHold>, NodeFailure> {
+        let invocation = inspect_invocation(&self.prefix, name);
         let mut conn = conn.clone();
         let reply: Vec<Value> = self
             .bounded("inspect", invocation.invoke_async(&mut conn))
@@ -699,9 +694,22 @@ pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> Conn for T {}
 
+/// The inspect script's call (see [`scripts::INSPECT`]) for the lock `name` under `prefix`: its
+/// KEYS are set, it takes no ARGV.
+pub(crate) fn inspect_invocation(prefix: &str, name: &str) -> ScriptInvocation<'static> {
+    let keys = LockKeys::new(prefix, name);
+    let script: &'static Script = &scripts::INSPECT;
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(keys.of(KeyKind::Lock))
+        .key(keys.of(KeyKind::Fence))
+        .key(keys.of(KeyKind::QueueLeases));
+    invocation
+}
+
 /// Reads the inspect script's reply (see [`scripts::INSPECT`]): `Some(None)` when the lock is
 /// not held, `None` when the reply is not one of the script's.
-pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeView>> {
+pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeHold>> {
     let int = |v: &Value| match v {
         Value::Int(n) => Some(*n),
         _ => None,
@@ -717,9 +725,9 @@ pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeView>> {
                 };
                 owners.extend(crate::owner::parse(record));
             }
-            Some(Some(NodeView {
+            Some(Some(NodeHold {
                 remaining: u64::try_from(int(pttl)?).ok().map(Duration::from_millis),
-                fence: u64::try_from(int(fence)?).ok(),
+                fencing_token: u64::try_from(int(fence)?).ok(),
                 holders: count(int(holders)?),
                 queued: count(int(queued)?),
                 owners,

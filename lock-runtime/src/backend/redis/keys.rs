@@ -15,13 +15,14 @@ use std::borrow::Cow;
 ///
 /// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
 /// (or, for fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
-pub fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+/// The public side of this layout is [`crate::layout`].
+pub(crate) fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
     let keys = LockKeys::new(prefix, name);
     [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| keys.of(kind))
 }
 
 /// The Redis key (or channel) of `kind` of the lock `name` under `prefix` (see [`redis_keys`]).
-pub fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
+pub(crate) fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
     LockKeys::new(prefix, name).of(kind)
 }
 
@@ -54,18 +55,24 @@ impl LockKeys {
     }
 }
 
-/// Which of a lock's Redis keys [`lock_name_of`] reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One of a lock's Redis keys (or its release channel): what
+/// [`redis_key`](crate::layout::redis_key) makes and
+/// [`redis_lock_name`](crate::layout::redis_lock_name) reads back. The
+/// [module documentation](crate::layout#redis) shows each one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum KeyKind {
-    /// The lock key itself.
+    /// The lock key itself (`lock:{wallet:42}`): an exclusive or fair lock's holder, a shared
+    /// lock's or semaphore's holders.
     Lock,
-    /// The fence counter.
+    /// The fence counter (`lock:{wallet:42}:fence`).
     Fence,
-    /// The release channel.
+    /// The release channel (`lock:{wallet:42}:released`): a pub/sub channel, not a key.
     Released,
-    /// A fair lock's waiters, scored by ticket (arrival).
+    /// A fair lock's waiters, scored by ticket (arrival) (`lock:{wallet:42}:queue`).
     Queue,
-    /// A fair lock's waiters, scored by the expiry of their entry's lease.
+    /// A fair lock's waiters, scored by the expiry of their entry's lease
+    /// (`lock:{wallet:42}:queue-leases`).
     QueueLeases,
 }
 
@@ -83,7 +90,7 @@ impl KeyKind {
 
 /// The lock name whose Redis key (or channel) of `kind` under `prefix` is `key`: the inverse of
 /// [`redis_keys`]. `None` for anything else.
-pub fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
+pub(crate) fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let close = rest.find('}')?;
     let (inner, after) = (&rest[..close], &rest[close + 1..]);

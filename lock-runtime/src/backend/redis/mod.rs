@@ -18,16 +18,17 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::wait_pool::WaitPool;
 use super::{
-    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeView, Subscription, Token,
+    Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeHold, Subscription, Token,
 };
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::wait::WakeRegistry;
 
 pub(crate) use addr::NodeAddr;
-pub(crate) use calls::{Calls, decode_inspect};
+pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
+pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;
-pub use keys::{KeyKind, lock_name_of, redis_key, redis_keys};
+pub(crate) use keys::{lock_name_of, redis_key};
 pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
 pub(crate) use single::{SingleConfig, ValidSingle};
 
@@ -163,7 +164,7 @@ impl Node for RedisNode {
     fn inspect<'a>(
         &'a self,
         name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<NodeView>, NodeFailure>> {
+    ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
         Box::pin(self.calls.inspect(&self.conn, name))
     }
 

@@ -150,7 +150,7 @@ const GATE_PATIENCE: Duration = Duration::from_millis(10);
 
 /// The gate node of a lock (its index among `nodes` Redlock nodes, in configuration order): the
 /// same for every client (FNV-1a of the name), spread over the nodes.
-pub fn gate_of(name: &str, nodes: usize) -> usize {
+pub(crate) fn gate_of(name: &str, nodes: usize) -> usize {
     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
