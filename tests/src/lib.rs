@@ -43,8 +43,10 @@ pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
 pub use harness::store::LockStore;
 pub use harness::tls::TestCa;
 pub use harness::util::{
-    CLEANUP_PAUSE, LockKeys, SCHEDULING_SLACK, assert_lost_at_the_deadline, client, config_field,
-    default_validity, free_port, lock_keys, ms, queued, unique_key, until_queued, wait_until,
-    wait_until_async,
+    CLEANUP_PAUSE, LockKeys, QUICK_REQUEST, SCHEDULING_SLACK, assert_lost_at_the_deadline, client,
+    config_field, default_validity, free_port, lock_keys, ms, queued, quick_client, unique_key,
+    until_queued, wait_until, wait_until_async,
 };
+#[cfg(feature = "etcd")]
+pub use harness::util::{ETCD_REQUEST, etcd_client};
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -5,27 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_runtime::{LockConfig, LockError};
 use lock_tests::{
-    CLEANUP_PAUSE, FaultProxy, KeyEvents, RedisMasters, RedisServer, SCHEDULING_SLACK,
-    ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded, bounded_blocking,
-    client, default_validity, eventually, key_exists, lock_keys, ms, unique_key, wait_until,
-    wait_until_async, warm_up,
+    CLEANUP_PAUSE, FaultProxy, KeyEvents, QUICK_REQUEST, RedisMasters, RedisServer,
+    SCHEDULING_SLACK, ServerOptions, Worker, assert_lost_at_the_deadline, await_waiter, bounded,
+    bounded_blocking, client, default_validity, eventually, key_exists, lock_keys, ms,
+    quick_client, unique_key, wait_until, wait_until_async, warm_up,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-/// [`quick`]'s request timeout: connect + response.
-const QUICK_REQUEST: Duration = Duration::from_millis(400);
-
-/// Short timeouts, so a fault is noticed quickly: connect 200 ms + response 200 ms.
-fn quick(url: String) -> LockClient {
-    client(
-        LockConfig::single(url)
-            .connect_timeout(ms(200))
-            .response_timeout(ms(200)),
-    )
-}
 
 fn config_set(server: &RedisServer, name: &str, value: &str) {
     let () = redis::cmd("CONFIG")
@@ -59,7 +47,7 @@ fn used_memory(server: &RedisServer) -> u64 {
 async fn partition_before_acquire_is_unavailable_and_leaves_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = quick(proxy.url());
+    let locks = quick_client(proxy.url());
     let key = unique_key("table:partition-before");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(30);
@@ -120,7 +108,7 @@ async fn partition_while_waiting_still_gets_the_lock_within_wait() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let holder = client(LockConfig::single(server.url()));
-    let waiter = quick(proxy.url());
+    let waiter = quick_client(proxy.url());
     let key = unique_key("table:partition-waiting");
     let held = holder.lock(&key).acquire().await.unwrap();
     let wait = Duration::from_secs(5);
@@ -154,7 +142,7 @@ async fn partition_while_waiting_still_gets_the_lock_within_wait() {
 async fn partition_during_release_answers_and_frees_by_ttl_at_the_latest() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = quick(proxy.url());
+    let locks = quick_client(proxy.url());
     let key = unique_key("table:partition-release");
     let ttl = Duration::from_secs(2);
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -323,7 +311,7 @@ async fn oom_under_noeviction_is_unavailable_and_writes_nothing() {
 #[tokio::test]
 async fn evicted_lock_key_is_reported_lost() {
     let server = RedisServer::start();
-    let locks = quick(server.url());
+    let locks = quick_client(server.url());
     let key = unique_key("table:evicted");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(3);
@@ -605,7 +593,7 @@ fn runtime_shut_down_mid_hold_frees_the_lock_by_its_ttl() {
 async fn acquire_cancelled_at_any_point_leaves_nothing() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = quick(proxy.url());
+    let locks = quick_client(proxy.url());
     let ttl = Duration::from_secs(30);
     let events = KeyEvents::watch(&server, "*");
     warm_up(&locks).await;

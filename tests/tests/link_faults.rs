@@ -6,23 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_runtime::LockError;
 use lock_tests::{
-    CLEANUP_PAUSE, FaultProxy, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, key_exists,
-    lock_keys, unique_key, warm_up,
+    CLEANUP_PAUSE, FaultProxy, KeyEvents, QUICK_REQUEST, RedisServer, SCHEDULING_SLACK, bounded,
+    key_exists, lock_keys, quick_client, unique_key, warm_up,
 };
-
-/// One request of the quick client: connect 200 ms + response 200 ms.
-const QUICK_REQUEST: Duration = Duration::from_millis(400);
-
-fn quick(url: String) -> LockClient {
-    LockClient::new(
-        LockConfig::single(url)
-            .connect_timeout(Duration::from_millis(200))
-            .response_timeout(Duration::from_millis(200)),
-    )
-    .unwrap()
-}
 
 /// Replies lost, requests delivered: the acquire lands on Redis but its caller never hears of
 /// it. The call must answer `Unavailable` within its bound, and the grant it made must not live
@@ -32,7 +20,7 @@ fn quick(url: String) -> LockClient {
 async fn replies_lost_the_acquire_is_unavailable_and_its_landed_grant_is_released() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = quick(proxy.url());
+    let locks = quick_client(proxy.url());
     let key = unique_key("link:replies-lost");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(30);

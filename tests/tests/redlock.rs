@@ -26,7 +26,8 @@ fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
         .response_timeout(ms(200))
 }
 
-fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
+/// A Redlock client of `urls` with [`config`]'s short timeouts.
+fn redlock_client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(config(urls)).expect("valid redlock config")
 }
 
@@ -142,7 +143,7 @@ fn node_name(node: &RedisServer) -> String {
 #[tokio::test]
 async fn two_of_five_down_still_acquires_and_releases() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     masters.nodes[3].stop();
     masters.nodes[4].stop();
     let survivors: Vec<&RedisServer> = masters.nodes[..3].iter().collect();
@@ -173,7 +174,7 @@ async fn two_of_five_down_still_acquires_and_releases() {
 #[tokio::test]
 async fn three_of_five_down_is_unavailable_within_a_second() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let mut stopped: Vec<String> = masters.nodes[2..].iter().map(node_name).collect();
     stopped.sort();
     for node in &mut masters.nodes[2..] {
@@ -226,7 +227,7 @@ async fn acquire_release_pairs(client: &LockClient, key: &str, n: usize) -> Vec<
 #[tokio::test]
 async fn frozen_node_keeps_latency_within_twice_healthy() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:frozen");
 
     acquire_release_pairs(&client, &key, 5).await;
@@ -268,7 +269,7 @@ async fn latency_beyond_validity_never_reports_success() {
     )
     .unwrap();
     // (b) The slow nodes time out.
-    let impatient = client(urls);
+    let impatient = redlock_client(urls);
     let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     let key = unique_key("redlock:slow");
     let ttl = ms(300);
@@ -325,7 +326,7 @@ async fn latency_beyond_validity_never_reports_success() {
 #[tokio::test]
 async fn node_restarted_empty_while_held_keeps_the_lock() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:restart-held");
 
     let start = Instant::now();
@@ -353,7 +354,7 @@ async fn node_restarted_empty_while_held_keeps_the_lock() {
 #[tokio::test]
 async fn restart_without_persistence_breaks_safety_documented_limit() {
     let mut masters = RedisMasters::start(NODES);
-    let first = client(masters.urls());
+    let first = redlock_client(masters.urls());
     let key = unique_key("redlock:restart-unsafe");
     let ttl = Duration::from_secs(15);
 
@@ -371,7 +372,7 @@ async fn restart_without_persistence_breaks_safety_documented_limit() {
     // A client that connects now (one connected before would first have to notice that A
     // restarted under it: a request on a dead connection fails, and 2 held + 1 failed is
     // `Contended`, not the unsafe grant this test shows).
-    let second = client(masters.urls());
+    let second = redlock_client(masters.urls());
     let stolen = second
         .lock(&key)
         .ttl(ttl)
@@ -389,9 +390,12 @@ async fn restart_without_persistence_breaks_safety_documented_limit() {
 
     // Its next renewal finds the lock on two nodes out of five: lost.
     let detect = Instant::now();
-    tokio::time::timeout(ttl, held.lost())
-        .await
-        .expect("the first holder learns it lost the lock within one ttl");
+    bounded(
+        ttl,
+        "the first holder learns it lost the lock within one ttl",
+        held.lost(),
+    )
+    .await;
     eprintln!(
         "redlock restart limit: first holder told 'lost' {:?} later",
         detect.elapsed()
@@ -518,7 +522,7 @@ async fn sixteen_clients_never_overlap_and_every_round_has_a_winner() {
 #[tokio::test]
 async fn deleted_on_a_majority_is_lost_within_ttl() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:loss-majority");
     let ttl = ms(1000);
     let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -527,9 +531,12 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
         delete_lock(node, &key);
     }
     let start = Instant::now();
-    tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
-        .await
-        .expect("lost() resolves once a quorum says 'not yours'");
+    bounded(
+        ttl + Duration::from_secs(1),
+        "lost() resolves once a quorum says 'not yours'",
+        guard.lost(),
+    )
+    .await;
     eprintln!(
         "redlock loss (deleted on 3/5, ttl {ttl:?}): detected after {:?}",
         start.elapsed()
@@ -541,7 +548,7 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
 #[tokio::test]
 async fn deleted_on_a_minority_is_not_lost() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:loss-minority");
     let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
     wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
@@ -559,8 +566,8 @@ async fn deleted_on_a_minority_is_not_lost() {
 #[tokio::test]
 async fn one_node_redlock_behaves_like_single_node() {
     let server = RedisServer::start();
-    let first = client([server.url()]);
-    let second = client([server.url()]);
+    let first = redlock_client([server.url()]);
+    let second = redlock_client([server.url()]);
     let key = unique_key("redlock:one-node");
 
     let guard = first.lock(&key).acquire().await.unwrap();
@@ -582,7 +589,7 @@ async fn one_node_redlock_behaves_like_single_node() {
 #[tokio::test]
 async fn held_key_is_contended_never_unavailable() {
     let mut masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     // Long timeouts: a contended answer that waited for the frozen nodes would show.
     let other = patient_client(masters.urls());
     let key = unique_key("redlock:contended");
@@ -616,8 +623,8 @@ async fn held_key_is_contended_never_unavailable() {
 #[tokio::test]
 async fn three_nodes_down_is_unavailable_never_contended() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
-    let other = client(masters.urls());
+    let holder = redlock_client(masters.urls());
+    let other = redlock_client(masters.urls());
     let free_key = unique_key("redlock:down-free");
     let held_key = unique_key("redlock:down-held");
     // Connect every node first, so the frozen ones time out rather than fail to connect.
@@ -847,7 +854,7 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
 #[tokio::test]
 async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:gate");
     let guard = hold_on_all(&holder, &masters, &key).await;
@@ -879,7 +886,7 @@ async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
 #[tokio::test]
 async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free() {
     let masters = RedisMasters::start(NODES);
-    let locks = client(masters.urls());
+    let locks = redlock_client(masters.urls());
     let warm = locks.lock(unique_key("redlock:place-warm")).acquire().await;
     warm.unwrap().release().await.unwrap();
     let key = unique_key("redlock:place");
@@ -920,7 +927,7 @@ async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free
 #[tokio::test]
 async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let caller = patient_client(masters.urls());
     let key = unique_key("redlock:gate-only");
     let gate = lock_runtime::__private::gate_of(&key, NODES);
@@ -951,7 +958,7 @@ async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
 #[tokio::test]
 async fn a_waiter_listens_at_the_gate_node_alone() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:announce");
     let gate = lock_runtime::__private::gate_of(&key, NODES);
@@ -981,7 +988,7 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
 async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
     use lock_runtime::__private::gate_of;
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     // Two keys whose gates differ; the held one sorts second.
     let base = unique_key("redlock:multi-gate");
@@ -1015,7 +1022,7 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
 #[tokio::test]
 async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let key = unique_key("redlock:frozen-gate-wake");
     let gate = lock_runtime::__private::gate_of(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
@@ -1055,7 +1062,7 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
     let queue = redis_key("lock:", &key, KeyKind::Queue);
     let others = all_but(&masters, gate);
     masters.nodes[gate].freeze();
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let guard = holder.lock(&key).fair(true).acquire().await.unwrap();
     let waiter =
         LockClient::new(config(masters.urls()).default_ttl(Duration::from_secs(30))).unwrap();
@@ -1081,7 +1088,7 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
         "{gave_up:?}"
     );
     guard.release().await.unwrap();
-    let third = client(masters.urls());
+    let third = redlock_client(masters.urls());
     let started = Instant::now();
     let got = third
         .lock(&key)

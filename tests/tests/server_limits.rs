@@ -9,16 +9,12 @@ use std::time::{Duration, Instant};
 use lock_runtime::__private::{KeyKind, redis_key};
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    CLEANUP_PAUSE, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, key_exists, lock_keys,
-    pause_writes, unique_key, wait_until_async, warm_up,
+    CLEANUP_PAUSE, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, client, key_exists,
+    lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
 };
 
 /// One request with the default timeouts: connect 1 s + response 500 ms.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
-
-fn client(server: &RedisServer) -> LockClient {
-    LockClient::new(LockConfig::single(server.url())).unwrap()
-}
 
 /// Pauses writes for `pause`, then acquires `key`; returns when the pause began, how long the
 /// acquire took from then, and its outcome.
@@ -61,7 +57,7 @@ fn pttl(server: &RedisServer, key: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_shorter_than_the_wait_the_acquire_is_granted_when_the_pause_ends() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let key = unique_key("limits:pause-granted");
     let pause = Duration::from_millis(800);
@@ -91,7 +87,7 @@ async fn writes_paused_shorter_than_the_wait_the_acquire_is_granted_when_the_pau
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_past_the_wait_the_acquire_is_unavailable_and_leaves_nothing() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let key = unique_key("limits:pause-unavailable");
     let lock = lock_keys(&key).lock;
@@ -129,7 +125,7 @@ async fn writes_paused_past_the_wait_the_acquire_is_unavailable_and_leaves_nothi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_shorter_than_the_validity_a_held_lock_is_not_lost() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     let key = unique_key("limits:pause-held");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(3);
@@ -201,14 +197,14 @@ fn fill_maxclients(server: &RedisServer) -> redis::Connection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maxclients_reached_a_new_client_is_unavailable_and_an_existing_one_keeps_working() {
     let server = RedisServer::start();
-    let old = client(&server);
+    let old = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
     let held_key = unique_key("limits:maxclients-held");
     let held = old.lock(&held_key).ttl(ttl).acquire().await.unwrap();
     let _admin = fill_maxclients(&server);
 
     for wait in [Duration::ZERO, Duration::from_secs(2)] {
-        let fresh = client(&server);
+        let fresh = client(LockConfig::single(server.url()));
         let key = unique_key("limits:maxclients-new");
         let started = Instant::now();
         let result = bounded(
@@ -297,7 +293,7 @@ fn zcard(server: &RedisServer, key: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let response_timeout = Duration::from_millis(500);
     let key = unique_key("limits:long-line");

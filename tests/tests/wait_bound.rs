@@ -17,7 +17,9 @@ const RESPONSE: Duration = Duration::from_secs(1);
 /// Timer and scheduling slack on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_millis(250);
 
-fn client(config: LockConfig) -> LockClient {
+/// A client of `config` with this file's timeouts ([`CONNECT`], [`RESPONSE`]), so its bound is
+/// wait + `CONNECT + RESPONSE`, and a 50 ms retry delay.
+fn timed_client(config: LockConfig) -> LockClient {
     LockClient::new(
         config
             .connect_timeout(CONNECT)
@@ -94,7 +96,7 @@ async fn a_stalled_single_node_answers_within_wait_plus_one_request_timeout() {
     let server = RedisServer::start();
     for wait in [Duration::ZERO, Duration::from_millis(400)] {
         let proxy = FaultProxy::start(server.port());
-        let locks = client(LockConfig::single(proxy.url()));
+        let locks = timed_client(LockConfig::single(proxy.url()));
         let before = connected_then_stalled(&locks, &[&proxy]).await;
         let key = unique_key("bound:single");
         let (took, result) = timed_acquire(&locks, &key, wait, &[&proxy], &before).await;
@@ -120,7 +122,8 @@ fn proxied_redlock(n: usize) -> (RedisMasters, Vec<FaultProxy>, LockClient) {
         .iter()
         .map(|s| FaultProxy::start(s.port()))
         .collect();
-    let locks = client(LockConfig::redlock(proxies.iter().map(FaultProxy::url)).fencing(true));
+    let locks =
+        timed_client(LockConfig::redlock(proxies.iter().map(FaultProxy::url)).fencing(true));
     (masters, proxies, locks)
 }
 

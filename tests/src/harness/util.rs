@@ -207,6 +207,34 @@ pub fn client(config: lock_runtime::LockConfig) -> lock_runtime::LockClient {
     lock_runtime::LockClient::new(config).expect("valid lock config")
 }
 
+/// The request timeout of a [`quick_client`]: connect 200 ms + response 200 ms.
+pub const QUICK_REQUEST: Duration = Duration::from_millis(400);
+
+/// A single-node client of `url` with short timeouts (connect 200 ms + response 200 ms:
+/// [`QUICK_REQUEST`]), so a fault is noticed quickly; panics when the config is invalid.
+pub fn quick_client(url: impl Into<String>) -> lock_runtime::LockClient {
+    client(
+        lock_runtime::LockConfig::single(url)
+            .connect_timeout(ms(200))
+            .response_timeout(ms(200)),
+    )
+}
+
+/// The request timeout of an [`etcd_client`]: connect 300 ms + response 500 ms.
+#[cfg(feature = "etcd")]
+pub const ETCD_REQUEST: Duration = Duration::from_millis(800);
+
+/// An etcd client of `endpoints` with connect 300 ms + response 500 ms ([`ETCD_REQUEST`]);
+/// panics when the config is invalid.
+#[cfg(feature = "etcd")]
+pub fn etcd_client(endpoints: Vec<String>) -> lock_runtime::LockClient {
+    client(
+        lock_runtime::LockConfig::etcd(endpoints)
+            .connect_timeout(ms(300))
+            .response_timeout(ms(500)),
+    )
+}
+
 /// The field a [`LockError::Config`](lock_runtime::LockError::Config) names; panics on any other
 /// outcome.
 pub fn config_field<T: std::fmt::Debug>(

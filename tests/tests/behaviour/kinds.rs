@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockGuard};
-use lock_tests::{bounded, queued, unique_key, until_queued, wait_until_async};
+use lock_tests::{bounded, config_field, queued, unique_key, until_queued, wait_until_async};
 
 #[allow(
     unused_imports,
@@ -23,13 +23,6 @@ const LONG: Duration = Duration::from_secs(10);
 
 fn is_contended<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
     matches!(result, Err(LockError::Contended { .. }))
-}
-
-fn config_field<T: std::fmt::Debug>(result: Result<T, LockError>) -> &'static str {
-    match result {
-        Err(LockError::Config { field, .. }) => field,
-        other => panic!("expected a Config error, got {other:?}"),
-    }
 }
 
 /// Five fair waiters that queued one after another get the lock in that order, each handed it

@@ -485,9 +485,7 @@ pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     let guard = own.lock(&key).acquire().await.unwrap();
     assert!(!guard.is_lost());
     shut_down(&own).await;
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("loss not signalled");
+    bounded(Duration::from_secs(5), "loss signalled", guard.lost()).await;
     assert!(guard.is_lost());
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     assert_eq!(fx.holders(&key), 0);
