@@ -31,7 +31,7 @@ pub mod sections;
 
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
-pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
+pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, EtcdStore, etcd_key};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, eventually, key_exists,
@@ -40,7 +40,7 @@ pub use harness::levers::{
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::{SentinelOptions, SentinelSet};
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
-pub use harness::store::LockStore;
+pub use harness::store::{LockStore, RedisStore, SHORT_TTL};
 pub use harness::tls::TestCa;
 pub use harness::util::{
     CLEANUP_PAUSE, LockKeys, QUICK_REQUEST, SCHEDULING_SLACK, assert_lost_at_the_deadline, client,

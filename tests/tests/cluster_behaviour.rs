@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{LockStore, RedisCluster, lock_keys, unique_key, wait_until_async};
+use lock_tests::{RedisCluster, RedisStore, lock_keys, unique_key, wait_until_async};
 
 fn config() -> LockConfig {
     LockConfig::cluster(RedisCluster::shared().urls())

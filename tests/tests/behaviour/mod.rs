@@ -19,10 +19,8 @@ pub(crate) use owners::inspect_names_the_owner;
 pub(crate) use election::*;
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
-#[cfg(feature = "etcd")]
-use lock_tests::etcd_key;
 use lock_tests::{
-    LockStore, RedisServer, SCHEDULING_SLACK, bounded, lock_keys, unique_key, wait_until,
+    LockStore, RedisServer, SCHEDULING_SLACK, SHORT_TTL, bounded, unique_key, wait_until,
     wait_until_async,
 };
 
@@ -30,9 +28,10 @@ use lock_tests::{
 /// wakes it: long, so that a hand-off within a second can only be a wake-up.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 
-/// Two clients on one backend (two "processes" for Redis; one client, cloned, in memory, where
-/// clients share nothing) and the Redis stores behind them, if any: one per node (one, or the
-/// Redlock masters), or one for a whole Cluster or Sentinel set (a lock lives on one master).
+/// Two clients on one backend (two "processes" for Redis and etcd; one client, cloned, in
+/// memory, where clients share nothing) and the stores behind them, if any: one per node (one,
+/// or the Redlock masters), or one for a whole Cluster, Sentinel set or etcd cluster (a lock
+/// lives on one master, or in one linearizable store).
 pub(crate) struct Fx {
     pub(crate) a: LockClient,
     pub(crate) b: LockClient,
@@ -40,10 +39,6 @@ pub(crate) struct Fx {
     config: LockConfig,
     /// None in memory, one node, the Redlock masters, or one shared topology.
     pub(crate) nodes: Vec<Box<dyn LockStore>>,
-    /// On etcd: the cluster (one logical node), and the proxy both clients talk through (it
-    /// counts their requests).
-    #[cfg(feature = "etcd")]
-    etcd: Option<(&'static lock_tests::EtcdCluster, lock_tests::FaultProxy)>,
 }
 
 impl Fx {
@@ -76,13 +71,12 @@ impl Fx {
             b,
             config,
             nodes,
-            #[cfg(feature = "etcd")]
-            etcd: None,
         }
     }
 
-    /// On a member of `cluster`, reached through a proxy of its own: `config` must be
-    /// `LockConfig::etcd([proxy.http_url()])`, given the proxy this makes.
+    /// On a member of `cluster`, reached through a proxy of its own (which counts the clients'
+    /// requests): `config` must be `LockConfig::etcd([proxy.http_url()])`, given the proxy this
+    /// makes.
     #[cfg(feature = "etcd")]
     #[allow(dead_code, reason = "only the etcd test binary builds this fixture")]
     pub(crate) fn etcd(
@@ -95,39 +89,22 @@ impl Fx {
             a: LockClient::new(config.clone()).unwrap(),
             b: LockClient::new(config.clone()).unwrap(),
             config,
-            nodes: Vec::new(),
-            etcd: Some((cluster, proxy)),
+            nodes: vec![Box::new(lock_tests::EtcdStore::new(cluster, proxy))],
         }
     }
 
-    #[cfg(feature = "etcd")]
-    fn etcd_cluster(&self) -> Option<&'static lock_tests::EtcdCluster> {
-        self.etcd.as_ref().map(|(cluster, _)| *cluster)
-    }
-
-    #[cfg(not(feature = "etcd"))]
-    fn etcd_cluster(&self) -> Option<&'static Never> {
-        None
-    }
-
-    /// A short ttl that renewal must keep alive: 500ms, but 2s on etcd, where a renewal is a
-    /// keepalive and a read each committed by fsyncing members (on three members under load, a
-    /// renewal that must land within a few hundred milliseconds makes a flake, not a finding).
+    /// A short ttl that renewal must keep alive: the longest any store asks for.
     fn short_ttl(&self) -> Duration {
-        if self.etcd_cluster().is_some() {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_millis(500)
-        }
+        self.nodes
+            .iter()
+            .map(|node| node.short_ttl())
+            .max()
+            .unwrap_or(SHORT_TTL)
     }
 
-    /// How many nodes hold a lock: etcd is one (linearizable) node however many members it has.
+    /// How many nodes hold a lock: a topology seen as one store is one node.
     fn node_count(&self) -> usize {
-        if self.etcd_cluster().is_some() {
-            1
-        } else {
-            self.nodes.len()
-        }
+        self.nodes.len()
     }
 
     fn client_with(&self, adjust: impl FnOnce(LockConfig) -> LockConfig) -> LockClient {
@@ -142,69 +119,28 @@ impl Fx {
         }
     }
 
-    /// Whether no node has a lock key starting with `prefix` but `key`'s (if given).
+    /// Whether no node holds a lock whose name starts with `prefix` but `key`'s (if given).
     fn at_most_under(&self, prefix: &str, key: Option<&str>) -> bool {
-        if let Some(cluster) = self.etcd_cluster() {
-            let want = key.map_or(0, |k| usize::from(cluster.exists(&etcd_key(k))));
-            return cluster.count_prefix(&etcd_key(prefix)) == want;
-        }
-        let all = lock_keys(&format!("{prefix}*")).lock;
-        let this = key.map(|k| lock_keys(k).lock);
-        self.nodes.iter().all(|node| {
-            let found = node.keys(&all);
-            found.is_empty() || this.as_ref().is_some_and(|k| found == [k.as_str()])
-        })
-    }
-
-    /// On how many nodes the lock key of `key` exists.
-    fn holders(&self, key: &str) -> usize {
-        if let Some(cluster) = self.etcd_cluster() {
-            return usize::from(cluster.exists(&etcd_key(key)));
-        }
-        let lock = lock_keys(key).lock;
         self.nodes
             .iter()
-            .filter(|node| node.keys(&lock) == [lock.as_str()])
-            .count()
+            .all(|node| node.holds_none_under(prefix, key))
+    }
+
+    /// On how many nodes the lock `key` is held.
+    fn holders(&self, key: &str) -> usize {
+        self.nodes.iter().filter(|node| node.holds(key)).count()
     }
 
     /// Spawns `waiter` (an acquire of `key`, which is held) and returns once it waits for a
-    /// release: with Redis, once a node (under Redlock, the gate of the lock's first key) has its
-    /// subscription to the release channel; in
-    /// memory, once its first poll, which makes every attempt in place, returned `Pending`.
+    /// release: once a store sees it listen (under Redlock a waiter listens at one node, the gate
+    /// of its lock's first key); in memory, once its first poll, which makes every attempt in
+    /// place, returned `Pending`.
     async fn start_waiter<F>(&self, key: &str, waiter: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + std::fmt::Debug + 'static,
     {
         let mut waiter = Box::pin(waiter);
-        if let Some(cluster) = self.etcd_cluster() {
-            // etcd counts watchers per member (summed here), not per key: on a shared cluster
-            // another check's watcher can satisfy this early (checks whose waiters must line up in
-            // order run alone: see `ALONE`); the waiter then still retries right after its own
-            // watch is confirmed, so a release is never missed, only less strictly timed. A
-            // watcher that was ending (an earlier waiter's, which etcd drops a moment after its
-            // stream closed) would hide the new one: count from the fewest seen. The bound is
-            // wide: three members that fsync every write answer slowly on a loaded machine, and a
-            // waiter only watches once its first attempt was refused.
-            let mut fewest = cluster.watchers();
-            let waiting = tokio::spawn(waiter);
-            let watching = wait_until_async(
-                Duration::from_secs(15),
-                "the waiter watches the key",
-                || {
-                    let now = cluster.watchers();
-                    fewest = fewest.min(now);
-                    now > fewest || waiting.is_finished()
-                },
-            );
-            watching.await;
-            if waiting.is_finished() {
-                let answer = waiting.await;
-                panic!("the waiter did not wait for a held lock: it returned {answer:?}");
-            }
-            return waiting;
-        }
         if self.nodes.is_empty() {
             let first = std::future::poll_fn(|cx| Poll::Ready(waiter.as_mut().poll(cx))).await;
             assert!(
@@ -213,13 +149,19 @@ impl Fx {
             );
             return tokio::spawn(waiter);
         }
+        let mut listening: Vec<_> = self.nodes.iter().map(|node| node.listening(key)).collect();
+        let timeout = self.nodes.iter().map(|node| node.listen_timeout()).max();
         let waiting = tokio::spawn(waiter);
-        let channel = lock_keys(key).channel;
-        // Under Redlock a waiter listens at one node: the gate of its lock's first key.
-        wait_until_async(Duration::from_secs(5), "the waiter subscribed", || {
-            self.nodes.iter().any(|node| node.subscribers(&channel) > 0)
-        })
+        wait_until_async(
+            timeout.unwrap_or_default(),
+            "the waiter listens for a release",
+            || listening.iter_mut().any(|listens| listens()) || waiting.is_finished(),
+        )
         .await;
+        if waiting.is_finished() {
+            let answer = waiting.await;
+            panic!("the waiter did not wait for a held lock: it returned {answer:?}");
+        }
         waiting
     }
 
@@ -264,30 +206,6 @@ impl Fx {
         let took = start.elapsed();
         guard.release().await.unwrap();
         took
-    }
-}
-
-/// Stands in for the etcd cluster in builds without etcd.
-#[cfg(not(feature = "etcd"))]
-pub(crate) enum Never {}
-
-#[cfg(not(feature = "etcd"))]
-fn etcd_key(_: &str) -> String {
-    String::new()
-}
-
-#[cfg(not(feature = "etcd"))]
-impl Never {
-    fn exists(&self, _: &str) -> bool {
-        match *self {}
-    }
-
-    fn count_prefix(&self, _: &str) -> usize {
-        match *self {}
-    }
-
-    fn watchers(&self) -> u64 {
-        match *self {}
     }
 }
 
@@ -520,23 +438,6 @@ async fn takes(lock: Lock) {
     lock.acquire().await.unwrap().release().await.unwrap();
 }
 
-/// Commands of the lock protocol a node has run so far (scripts, plain key commands, pub/sub),
-/// not the harness's own `INFO` and connection set-up.
-const LOCK_COMMANDS: [&str; 12] = [
-    "evalsha",
-    "eval",
-    "evalsha_ro",
-    "eval_ro",
-    "fcall",
-    "set",
-    "get",
-    "del",
-    "incr",
-    "pexpire",
-    "publish",
-    "subscribe",
-];
-
 /// Two keys `<base>:a` < `<base>:b` no other check uses.
 fn two_keys(prefix: &str) -> (String, String) {
     let base = unique_key(prefix);
@@ -566,36 +467,24 @@ impl Drop for SetOnDrop {
 }
 
 impl Fx {
-    /// [`LOCK_COMMANDS`] run so far, summed over the nodes (0 in memory).
-    fn lock_commands(&self) -> u64 {
-        #[cfg(feature = "etcd")]
-        if let Some((_, proxy)) = &self.etcd {
-            // Request bytes sent by the clients: zero when no request went out.
-            return proxy.bytes_up();
-        }
-        self.nodes
-            .iter()
-            .map(|node| {
-                LOCK_COMMANDS
-                    .iter()
-                    .map(|c| node.command_calls(c))
-                    .sum::<u64>()
-            })
-            .sum()
+    /// The stores' counts of lock requests so far, summed (0 in memory): it stands still while
+    /// no request goes out.
+    fn lock_requests(&self) -> u64 {
+        self.nodes.iter().map(|node| node.lock_requests()).sum()
     }
 
     /// Script calls (one per lock operation on a Redis node) run so far, summed over the nodes
-    /// (0 in memory and on etcd).
+    /// (0 in memory and where locks are no scripts).
     fn script_calls(&self) -> u64 {
         self.nodes
             .iter()
-            .map(|node| {
-                LOCK_COMMANDS[..4]
-                    .iter()
-                    .map(|c| node.command_calls(c))
-                    .sum::<u64>()
-            })
+            .filter_map(|node| node.script_calls())
             .sum()
+    }
+
+    /// Whether the stores run lock scripts, which [`script_calls`](Self::script_calls) counts.
+    fn runs_scripts(&self) -> bool {
+        self.nodes.iter().any(|node| node.script_calls().is_some())
     }
 
     /// Waits (bounded) until no node has a lock key of any of `keys`.
@@ -782,10 +671,10 @@ pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
         .run(async {
             // Nothing of the outer acquire is still in flight (Redlock's slower nodes included).
             wait_until_async(Duration::from_secs(5), "the lock on every node", everywhere).await;
-            let before = fx.lock_commands();
+            let before = fx.lock_requests();
             let n = nested_chain(fx.a.clone(), key.clone(), 9).await? + 1;
             assert_eq!(
-                fx.lock_commands() - before,
+                fx.lock_requests() - before,
                 0,
                 "nested calls went to the server"
             );
@@ -805,7 +694,7 @@ pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
             .spawn(|| {
                 fx.a.lock(&key).ttl(ttl).run_blocking(|| {
                     wait_until(Duration::from_secs(5), "the lock on every node", everywhere);
-                    let before = fx.lock_commands();
+                    let before = fx.lock_requests();
                     let n =
                         fx.a.lock(&key)
                             .wait(Duration::ZERO)
@@ -814,7 +703,7 @@ pub(crate) async fn reentrant_nested_calls_join(fx: &Fx) {
                             })
                             .map(|n: u32| n + 1);
                     assert_eq!(
-                        fx.lock_commands() - before,
+                        fx.lock_requests() - before,
                         0,
                         "sync nested calls went to the server"
                     );
@@ -1085,13 +974,15 @@ const MIN_HOLD: Duration = Duration::from_secs(3);
 /// response timeout (every fixture's default: 500 ms). Below [`MIN_HOLD`].
 const UNBLOCKED: Duration = Duration::from_secs(2);
 
-/// How much later than `min_hold` a kept key may be found free: etcd's leases count whole
-/// seconds and its lessor expires them on a 500 ms tick; Redis and memory count milliseconds.
-fn expiry_granularity(fx: &Fx) -> Duration {
-    if fx.etcd_cluster().is_some() {
-        Duration::from_millis(1500)
-    } else {
-        Duration::ZERO
+impl Fx {
+    /// How much later than `min_hold` a kept key may be found free: the coarsest store's expiry
+    /// granularity (none in memory, which counts milliseconds).
+    fn expiry_granularity(&self) -> Duration {
+        self.nodes
+            .iter()
+            .map(|node| node.expiry_granularity())
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -1134,7 +1025,7 @@ pub(crate) async fn min_hold_keeps_a_lock_its_body_let_go_early(fx: &Fx) {
 
     // A waiter is not woken by the release that kept the key: it gets the lock when the key
     // expires (its pause is capped by the key's time to live).
-    let bound = MIN_HOLD + expiry_granularity(fx) + Duration::from_millis(1500) + SCHEDULING_SLACK;
+    let bound = MIN_HOLD + fx.expiry_granularity() + Duration::from_millis(1500) + SCHEDULING_SLACK;
     let got = fx.b.lock(&key).wait(bound).acquire().await;
     let got_after = before_grant.elapsed();
     eprintln!("the other client got it {got_after:?} after the grant");
