@@ -400,35 +400,26 @@ pub(crate) async fn redlock_refuses_permits(fx: &Fx) {
 }
 
 /// One `#[tokio::test]` per check of this file, each with a fresh `$fixture`: every check, or
-/// with `redlock` the ones that apply to Redlock.
+/// with `redlock` the ones that apply to Redlock. Checks marked `alone` run alone, as in
+/// [`behaviour_tests!`](crate::behaviour_tests), whose rules make the tests.
 #[macro_export]
 macro_rules! kind_tests {
     ($fixture:expr) => {
-        kind_tests!(@each $fixture;
-            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
-            a_fair_hand_off_wakes_the_head_alone,
-            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+        behaviour_tests!(@each $fixture; behaviour::kinds;
+            alone fair_waiters_are_served_in_arrival_order, alone fair_lock_is_not_taken_past_the_queue,
+            alone a_fair_hand_off_wakes_the_head_alone,
+            alone fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            alone a_waiting_writer_is_not_starved, alone readers_woken_with_a_waiting_writer_let_it_go_first,
             a_writer_that_gives_up_keeps_no_reader_out, permits_admit_up_to_their_count,
             mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,
             nested_kinds_join_or_refuse, each_share_names_its_owner, each_permit_names_its_owner);
     };
     ($fixture:expr, redlock) => {
-        kind_tests!(@each $fixture;
-            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
-            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+        behaviour_tests!(@each $fixture; behaviour::kinds;
+            alone fair_waiters_are_served_in_arrival_order, alone fair_lock_is_not_taken_past_the_queue,
+            alone fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            alone a_waiting_writer_is_not_starved, alone readers_woken_with_a_waiting_writer_let_it_go_first,
             a_writer_that_gives_up_keeps_no_reader_out, nested_kinds_join_or_refuse,
             redlock_refuses_permits, each_share_names_its_owner);
-    };
-    (@each $fixture:expr; $($name:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let _turn = behaviour::turn(stringify!($name)).await;
-                let fx = $fixture;
-                behaviour::kinds::$name(&fx).await;
-            }
-        )*
     };
 }

@@ -1155,47 +1155,38 @@ pub(crate) async fn inspect_and_force_release(fx: &Fx) {
     assert_eq!(fx.b.inspect(&key).await.unwrap(), None);
 }
 
-/// Checks that run alone on a store shared by a whole test binary (Cluster, Sentinel, etcd): those
-/// that count the commands the servers ran or freeze a server, and those whose waiters must line
-/// up in a given order. On etcd, [`Fx::start_waiter`] only sees that some new watcher appeared,
-/// and another check's waiter could pass for this one: a reader then came before the writer it
-/// was meant to queue behind (a clean-clone CI run).
-const ALONE: [&str; 8] = [
-    "reentrant_nested_calls_join",
-    "a_fair_hand_off_wakes_the_head_alone",
-    // Not counting, but it freezes the shared replica.
-    "min_replicas_fair_hand_offs_wait_for_the_replica",
-    // Waiters in a given order.
-    "fair_waiters_are_served_in_arrival_order",
-    "fair_lock_is_not_taken_past_the_queue",
-    "fair_waiters_that_give_up_leave_the_queue",
-    "a_waiting_writer_is_not_starved",
-    "readers_woken_with_a_waiting_writer_let_it_go_first",
-];
-
 static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// A check's turn on the servers of this test binary: alone for [`ALONE`] checks, beside the
-/// others otherwise.
-pub(crate) async fn turn(check: &str) -> Box<dyn Send + Sync> {
-    if ALONE.contains(&check) {
-        Box::new(TURNS.write().await)
-    } else {
-        Box::new(TURNS.read().await)
-    }
+/// A check's turn on the servers of this test binary, alone: for the checks marked `alone` in
+/// the lists of [`behaviour_tests!`](crate::behaviour_tests) and
+/// [`kind_tests!`](crate::kind_tests), and a backend's own tests that must not share the store.
+pub(crate) async fn turn_alone() -> Box<dyn Send + Sync> {
+    Box::new(TURNS.write().await)
+}
+
+/// A check's turn on the servers of this test binary, beside the other checks that do not run
+/// alone.
+pub(crate) async fn turn_beside_others() -> Box<dyn Send + Sync> {
+    Box::new(TURNS.read().await)
 }
 
 /// One `#[tokio::test]` per check, each with a fresh `$fixture`. The only list of the checks.
+///
+/// A check marked `alone` runs alone on a store shared by a whole test binary (Cluster,
+/// Sentinel, etcd): one that counts the commands the servers ran or freezes a server, or whose
+/// waiters must line up in a given order. Where a store only sees that some new waiter listens,
+/// not whose (etcd counts watchers, not per key), another check's waiter could pass for this one:
+/// a reader then came before the writer it was meant to queue behind (a clean-clone CI run).
 #[macro_export]
 macro_rules! behaviour_tests {
     ($fixture:expr) => {
-        behaviour_tests!(@each $fixture;
+        behaviour_tests!(@each $fixture; behaviour;
             acquire_release, contention_error_and_waited, waiter_gets_lock_right_after_release,
             renewal_keeps_a_short_lock, dropped_guard_frees_promptly, cancelled_future_frees_promptly,
             cancelled_waiter_keeps_nothing, panic_frees, fencing_tokens_increase, blocking_api_inside_async_code,
             release_of_a_lost_lock_is_lost, multi_key_acquire_release, duplicate_keys_are_locked_once,
             held_second_key_fails_the_whole_lock, multi_key_waiter_wakes_on_any_release,
-            multi_key_fencing_tokens_grow_per_key, reentrant_nested_calls_join,
+            multi_key_fencing_tokens_grow_per_key, alone reentrant_nested_calls_join,
             an_escaped_joined_guard_is_lost_once_the_outer_hold_ends,
             reentrant_subset_joins_superset_is_an_error, spawned_task_inside_a_hold_waits,
             loss_reaches_every_nested_level, non_reentrant_nested_call_contends,
@@ -1209,14 +1200,23 @@ macro_rules! behaviour_tests {
             election_leader_is_the_holder_while_it_leads,
             election_observe_yields_the_leader_then_each_change);
     };
-    (@each $fixture:expr; $($name:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let _turn = behaviour::turn(stringify!($name)).await;
-                let fx = $fixture;
-                behaviour::$name(&fx).await;
-            }
-        )*
+    // The list, one check at a time: `alone name` or `name`, each the name of a check in
+    // `$module` (which `behaviour::$name` reaches).
+    (@each $fixture:expr; $($module:ident)::+;) => {};
+    (@each $fixture:expr; $($module:ident)::+; alone $name:ident $(, $($rest:tt)*)?) => {
+        behaviour_tests!(@test $fixture; $($module)::+; $name; turn_alone);
+        behaviour_tests!(@each $fixture; $($module)::+; $($($rest)*)?);
+    };
+    (@each $fixture:expr; $($module:ident)::+; $name:ident $(, $($rest:tt)*)?) => {
+        behaviour_tests!(@test $fixture; $($module)::+; $name; turn_beside_others);
+        behaviour_tests!(@each $fixture; $($module)::+; $($($rest)*)?);
+    };
+    (@test $fixture:expr; $($module:ident)::+; $name:ident; $turn:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let _turn = behaviour::$turn().await;
+            let fx = $fixture;
+            $($module)::+::$name(&fx).await;
+        }
     };
 }
