@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockError, LockGuard};
 use lock_tests::{bounded, config_field, queued, unique_key, until_queued, wait_until_async};
 
+use super::fixture::{Fx, released_to, takes};
 #[allow(
     unused_imports,
     reason = "binaries without the kind checks (hosted) leave them unused"
 )]
 pub(crate) use super::owners::{each_permit_names_its_owner, each_share_names_its_owner};
-use super::{Fx, released_to, takes};
 
 const LONG: Duration = Duration::from_secs(10);
 
