@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
-    history, lock_keys, ms, unique_key, wait_until_async, warm_up,
+    FaultProxy, KeyEvents, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker,
+    assert_lost_at_the_deadline, await_waiter, bounded, default_validity, finish_all, history,
+    lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
 
-/// Short timeouts so a dead or frozen node is given up on quickly.
+/// Short timeouts so a dead or frozen node is given up on quickly: those of a
+/// [`quick_client`](lock_tests::quick_client), one request [`QUICK_REQUEST`].
 fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
     LockConfig::redlock(urls)
         .connect_timeout(ms(200))
@@ -582,6 +584,59 @@ async fn one_node_redlock_behaves_like_single_node() {
     let guard = second.lock(&key).acquire().await.unwrap();
     assert!(guard.fencing_token().expect("fencing token") > fence);
     guard.release().await.unwrap();
+}
+
+/// Three of five Redlock nodes frozen while held: no quorum confirms a renewal, so the holder is
+/// told `Lost` at its validity deadline, ttl - drift (1 s - 12 ms) after its acquire was sent: not
+/// before, and not later than that deadline (counted from when the grant returned) + scheduling
+/// slack (the renewal driver's timer fires at the deadline). Another acquire is `Unavailable`
+/// within wait + one request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_majority_frozen_loses_the_lock_and_is_unavailable() {
+    let cluster = RedisMasters::start(5);
+    let holder = redlock_client(cluster.urls());
+    let other = redlock_client(cluster.urls());
+    let key = unique_key("table:redlock-majority");
+    let ttl = Duration::from_secs(1);
+    let validity = default_validity(ttl);
+    let started = Instant::now();
+    let guard = holder.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let granted = Instant::now();
+    for node in &cluster.nodes[..3] {
+        node.freeze();
+    }
+    let frozen = Instant::now();
+    bounded(
+        validity + SCHEDULING_SLACK + Duration::from_secs(1),
+        "lost()",
+        guard.lost(),
+    )
+    .await;
+    let lost = Instant::now();
+    let wait = ms(300);
+    let asked = Instant::now();
+    let result = other.lock(&key).ttl(ttl).wait(wait).acquire().await;
+    let took = asked.elapsed();
+    for node in &cluster.nodes[..3] {
+        node.thaw();
+    }
+    eprintln!(
+        "3 of 5 frozen ({:?} after the grant): holder lost {:?} after the acquire was called \
+         (validity {validity:?}); acquire {:?} after {took:?}",
+        frozen - granted,
+        lost - started,
+        result.as_ref().map(drop)
+    );
+    assert_lost_at_the_deadline(started, granted, lost, validity);
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took <= wait + QUICK_REQUEST + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
 // --- 7. Contention is never reported as failure, nor failure as contention. -------------------

@@ -197,6 +197,10 @@ pub fn assert_lost_at_the_deadline(
 /// within this + one request timeout of landing.
 pub const CLEANUP_PAUSE: Duration = Duration::from_secs(1);
 
+/// How far a fence counter may lag the server's clock for the transaction (the runtime's
+/// `FENCE_LAG_US`): a client that saw a name's grant longer ago than this takes it by the script.
+pub const FENCE_LAG: Duration = Duration::from_millis(100);
+
 /// `n` milliseconds.
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -233,6 +237,15 @@ pub fn etcd_client(endpoints: Vec<String>) -> lock_runtime::LockClient {
             .connect_timeout(ms(300))
             .response_timeout(ms(500)),
     )
+}
+
+/// The causes an [`Unavailable`](lock_runtime::LockError::Unavailable) error names; panics on any
+/// other error.
+pub fn unavailable_causes(err: &lock_runtime::LockError) -> &[lock_runtime::NodeFailure] {
+    match err {
+        lock_runtime::LockError::Unavailable { causes, .. } => causes,
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
 }
 
 /// The field a [`LockError::Config`](lock_runtime::LockError::Config) names; panics on any other

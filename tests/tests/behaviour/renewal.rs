@@ -27,7 +27,7 @@ pub(crate) async fn renewal_keeps_a_short_lock(fx: &Fx) {
 /// A lock taken back from under its holder (here by `shutdown()` of the holder's client, which
 /// works the same on every backend) is lost: `lost()` resolves, `is_lost()` says so, the release
 /// says `Lost`, and the lock is free. (Losing it at the validity deadline, or to a server saying
-/// "not yours", is in faults.rs, lifecycle.rs and redlock.rs.)
+/// "not yours", is in server_outages.rs, renew.rs, link_faults.rs and redlock.rs.)
 pub(crate) async fn release_of_a_lost_lock_is_lost(fx: &Fx) {
     let key = unique_key("beh:lost");
     let own = fx.client_with(|config| config);
