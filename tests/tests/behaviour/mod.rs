@@ -54,8 +54,9 @@ pub(crate) async fn turn_beside_others() -> Box<dyn Send + Sync> {
 /// A check marked `alone` runs alone on a store shared by a whole test binary (Cluster,
 /// Sentinel, etcd): one that counts the commands the servers ran or freezes a server, or whose
 /// waiters must line up in a given order. Where a store only sees that some new waiter listens,
-/// not whose (etcd counts watchers, not per key), another check's waiter could pass for this one:
-/// a reader then came before the writer it was meant to queue behind (a clean-clone CI run).
+/// not whose (etcd counts watchers per member, not per key), another check's waiter could pass
+/// for this one: a reader then came before the writer it was meant to queue behind (a
+/// clean-clone CI run).
 #[macro_export]
 macro_rules! behaviour_tests {
     ($fixture:expr) => {
