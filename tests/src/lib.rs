@@ -31,20 +31,23 @@ pub mod sections;
 
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
-pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, etcd_key};
+pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, EtcdStore, etcd_key};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, eventually, key_exists,
-    pause_writes, ping_error_code, warm_up,
+    pause_writes, ping_error_code, wait_key_gone, warm_up,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::{SentinelOptions, SentinelSet};
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
-pub use harness::store::LockStore;
+pub use harness::store::{LockStore, RedisStore, SHORT_TTL};
 pub use harness::tls::TestCa;
 pub use harness::util::{
-    CLEANUP_PAUSE, LockKeys, SCHEDULING_SLACK, assert_lost_at_the_deadline, client, config_field,
-    default_validity, free_port, lock_keys, ms, queued, unique_key, until_queued, wait_until,
+    CLEANUP_PAUSE, FENCE_LAG, LockKeys, QUICK_REQUEST, SCHEDULING_SLACK,
+    assert_lost_at_the_deadline, client, config_field, default_validity, free_port, lock_keys, ms,
+    queued, quick_client, unavailable_causes, unique_key, until_queued, wait_until,
     wait_until_async,
 };
+#[cfg(feature = "etcd")]
+pub use harness::util::{ETCD_REQUEST, etcd_client};
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -1,5 +1,5 @@
 //! The behaviour suite once more as a least-privilege ACL user, and a prefix outside its rights.
-//! (A wrong password, for this user and others, is in faults.rs.)
+//! (A wrong password, for this user and others, is in credentials.rs.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;

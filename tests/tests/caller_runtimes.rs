@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{RedisServer, SCHEDULING_SLACK, unique_key, wait_until};
+use lock_tests::{RedisServer, SCHEDULING_SLACK, bounded, unique_key, wait_until};
 
 fn kill(server: &RedisServer, id: u64) {
     let killed: i64 = redis::cmd("CLIENT")
@@ -210,8 +210,11 @@ fn a_frozen_server_fails_a_call_over_a_runtimes_connection_in_time() {
     let bound = timeout * 2 + SCHEDULING_SLACK;
     let started = std::time::Instant::now();
     let result = runtime
-        .block_on(async { tokio::time::timeout(bound * 2, client.lock(&key).acquire()).await })
-        .expect("a call to a frozen server answered")
+        .block_on(bounded(
+            bound * 2,
+            "a call to a frozen server answered",
+            client.lock(&key).acquire(),
+        ))
         .map(drop);
     let took = started.elapsed();
     server.thaw();

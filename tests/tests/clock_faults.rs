@@ -15,7 +15,7 @@ use lock_runtime::{Lock, LockClient, LockConfig, LockError};
 use lock_tests::campaign::clock::{FakeClock, TOLERANCE, server_offset};
 use lock_tests::sections::Kind;
 use lock_tests::{
-    RedisServer, SCHEDULING_SLACK, ServerOptions, Worker, bounded, key_exists, lock_keys,
+    RedisServer, SCHEDULING_SLACK, ServerOptions, Worker, bounded, client, key_exists, lock_keys,
     unique_key, wait_until_async,
 };
 
@@ -44,10 +44,6 @@ fn step(clock: &FakeClock, server: &RedisServer, offset_ms: i64) {
     );
 }
 
-fn client(server: &RedisServer) -> LockClient {
-    LockClient::new(LockConfig::single(server.url())).unwrap()
-}
-
 async fn token(locks: &LockClient, key: &str) -> u64 {
     let guard = locks.lock(key).acquire().await.unwrap();
     let token = guard.fencing_token().unwrap();
@@ -64,7 +60,7 @@ async fn token(locks: &LockClient, key: &str) -> u64 {
 async fn server_clock_steps_and_fencing_tokens_a_lost_counter_after_a_step_back_is_a_documented_limit()
  {
     let (clock, server) = server_under_a_fake_clock();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     let key = unique_key("clock:fence");
     let fence = lock_keys(&key).fence;
 
@@ -128,8 +124,8 @@ async fn server_clock_steps_and_fencing_tokens_a_lost_counter_after_a_step_back_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_server_clock_step_ends_held_locks_early_documented_limit() {
     let (clock, server) = server_under_a_fake_clock();
-    let holder = client(&server);
-    let other = client(&server);
+    let holder = client(LockConfig::single(server.url()));
+    let other = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(3);
     let cases: [(Kind, Kind); 3] = [
         (Kind::Exclusive, Kind::Exclusive),
@@ -190,7 +186,7 @@ async fn a_forward_server_clock_step_ends_held_locks_early_documented_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backward_server_clock_step_delays_a_dead_holders_expiry_documented_limit() {
     let (clock, server) = server_under_a_fake_clock();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
     for kind in [Kind::Exclusive, Kind::Permits(1)] {
         step(&clock, &server, 0);

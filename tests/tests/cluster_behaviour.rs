@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{LockStore, RedisCluster, lock_keys, unique_key, wait_until_async};
+use lock_tests::{RedisCluster, RedisStore, lock_keys, unique_key, wait_until_async};
 
 fn config() -> LockConfig {
     LockConfig::cluster(RedisCluster::shared().urls())
@@ -27,7 +27,7 @@ kind_tests!(fixture());
 /// lock's keys on its slot's master only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_all_three_masters() {
-    let _turn = behaviour::turn("keys_spread_over_all_three_masters").await;
+    let _turn = behaviour::turn_beside_others().await;
     let cluster = RedisCluster::shared();
     let client = LockClient::new(config()).unwrap();
     let mut guards = Vec::new();
@@ -53,7 +53,7 @@ async fn keys_spread_over_all_three_masters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_key_locks_in_one_slot_and_across_slots() {
     // Alone: counts the scripts the masters run.
-    let _turn = behaviour::turn("reentrant_nested_calls_join").await;
+    let _turn = behaviour::turn_alone().await;
     let cluster = RedisCluster::shared();
     let (a, b) = (
         LockClient::new(config()).unwrap(),
@@ -116,7 +116,7 @@ fn loop_distinct_slots(cluster: &RedisCluster) -> (String, String) {
 /// master has a subscriber to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notifications_use_the_shard_channel() {
-    let _turn = behaviour::turn("release_notifications_use_the_shard_channel").await;
+    let _turn = behaviour::turn_beside_others().await;
     let cluster = RedisCluster::shared();
     let (a, b) = (
         LockClient::new(config()).unwrap(),
@@ -157,8 +157,7 @@ async fn release_notifications_use_the_shard_channel() {
 /// (`WAIT` counted it); renewals are checked the same way and keep a short lock held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
-    let _turn =
-        behaviour::turn("min_replicas_grants_are_on_the_replica_when_acquire_returns").await;
+    let _turn = behaviour::turn_beside_others().await;
     let cluster = RedisCluster::shared();
     let client = LockClient::new(config().min_replicas(1)).unwrap();
     let key = unique_key("cl:replicated");

@@ -1,5 +1,6 @@
-//! Waiting for a held lock: no polling storm, a crowd of waiters served without overlap, and wake-ups that
-//! survive a lost notification connection.
+//! Waiting for a held lock: no polling storm, a crowd of waiters served without overlap, and
+//! wake-ups that survive a lost notification connection (reset by the proxy, or killed by
+//! `CLIENT KILL`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{FaultProxy, RedisServer, lock_keys, unique_key, wait_until_async};
+use lock_tests::{
+    FaultProxy, RedisServer, await_waiter, bounded, client, lock_keys, unique_key, wait_until_async,
+};
 
 /// A waiter on a lock that stays held sleeps between attempts (jittered backoff up to 8x
 /// `retry_delay`, never past the holder's TTL) instead of polling: a 3s wait costs a handful of
@@ -98,4 +101,42 @@ async fn a_lost_notification_connection_does_not_strand_a_waiter() {
         released_at.elapsed()
     );
     guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_of_the_notification_connection_does_not_strand_a_waiter() {
+    let server = RedisServer::start();
+    let holder = client(LockConfig::single(server.url()));
+    let waiter = client(LockConfig::single(server.url()));
+    let key = unique_key("table:client-kill");
+    let held = holder.lock(&key).acquire().await.unwrap();
+    let wait = Duration::from_secs(5);
+    let started = Instant::now();
+    let task = {
+        let key = key.clone();
+        tokio::spawn(async move { waiter.lock(&key).wait(wait).acquire().await })
+    };
+    await_waiter(&server, &key).await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut server.admin())
+        .unwrap();
+    assert!(killed >= 1, "no pubsub connection killed");
+    held.release().await.unwrap();
+    let result = bounded(Duration::from_secs(15), "waiter", task)
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!(
+        "notification connection killed: waiter {:?} after {took:?}",
+        result.as_ref().map(drop)
+    );
+    assert!(took <= wait, "answered after {took:?}");
+    result
+        .expect("the waiter gets the lock")
+        .release()
+        .await
+        .unwrap();
 }

@@ -13,24 +13,13 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{ENV_ETCD_ENDPOINTS, FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::{
-    EtcdCluster, FaultProxy, RedisServer, SCHEDULING_SLACK, Worker, bounded, default_validity,
-    etcd_key, finish_all, history, unique_key, until_queued, wait_until,
+    ETCD_REQUEST, EtcdCluster, FaultProxy, RedisServer, SCHEDULING_SLACK, Worker, bounded,
+    default_validity, etcd_client, etcd_key, finish_all, history, unique_key, until_queued,
+    wait_until,
 };
-
-/// [`client`]'s request timeout: connect 300 ms + response 500 ms.
-const REQUEST: Duration = Duration::from_millis(800);
 
 /// How often etcd revokes the leases that ran out.
 const ETCD_EXPIRY_SWEEP: Duration = Duration::from_millis(500);
-
-fn client(endpoints: Vec<String>) -> LockClient {
-    LockClient::new(
-        LockConfig::etcd(endpoints)
-            .connect_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_millis(500)),
-    )
-    .unwrap()
-}
 
 /// `key`, waiting up to 10s for it.
 async fn take_within_10s(locks: &LockClient, key: &str) -> lock_runtime::LockGuard {
@@ -94,8 +83,8 @@ fn three_processes_1000_grants_never_overlap_and_fences_strictly_increase() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_while_held_the_lock_stays_held() {
     let mut cluster = EtcdCluster::start(3);
-    let locks = client(cluster.endpoints());
-    let other = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
+    let other = etcd_client(cluster.endpoints());
     let key = unique_key("etcd:leader");
     let ttl = Duration::from_secs(2);
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -165,7 +154,7 @@ async fn killed_holder_process_frees_the_lock_within_its_ttl() {
         .unwrap();
     holder.kill();
     let killed = Instant::now();
-    let locks = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
     let guard = take_within_10s(&locks, &key).await;
     let freed = killed.elapsed();
     eprintln!("free {freed:?} after the holder was killed (ttl {ttl:?})");
@@ -186,8 +175,8 @@ async fn killed_holder_process_frees_the_lock_within_its_ttl() {
 async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_gets_it() {
     let cluster = EtcdCluster::shared(3);
     let proxy = FaultProxy::start(cluster.client_port(0));
-    let locks = client(vec![proxy.http_url()]);
-    let other = client(cluster.endpoints());
+    let locks = etcd_client(vec![proxy.http_url()]);
+    let other = etcd_client(cluster.endpoints());
     let key = unique_key("etcd:partition");
     let ttl = Duration::from_secs(2);
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -246,7 +235,7 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
         "lost {lost_after:?} after the cut"
     );
     assert!(
-        lost_after + ttl / 3 + REQUEST + SCHEDULING_SLACK >= validity,
+        lost_after + ttl / 3 + ETCD_REQUEST + SCHEDULING_SLACK >= validity,
         "lost too early: {lost_after:?} after the cut"
     );
     assert!(
@@ -258,7 +247,7 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
         "granted to another {:?} before the holder knew",
         lost - taken_at
     );
-    let bound = (ttl - validity) + ETCD_EXPIRY_SWEEP + poll + REQUEST + SCHEDULING_SLACK;
+    let bound = (ttl - validity) + ETCD_EXPIRY_SWEEP + poll + ETCD_REQUEST + SCHEDULING_SLACK;
     assert!(
         taken_at - lost <= bound,
         "the contender got the lock {:?} after the holder's loss (bound {bound:?}), {taken_after:?} \
@@ -277,8 +266,8 @@ async fn partitioned_client_is_lost_at_the_lease_deadline_before_anyone_else_get
 async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
     let cluster = EtcdCluster::shared(3);
     let proxy = FaultProxy::start(cluster.client_port(0));
-    let cut = client(vec![proxy.http_url()]);
-    let other = client(cluster.endpoints());
+    let cut = etcd_client(vec![proxy.http_url()]);
+    let other = etcd_client(cluster.endpoints());
     let key = unique_key("etcd:fair-cut");
     let ttl = Duration::from_secs(2);
     let holder = other.lock(&key).fair(true).acquire().await.unwrap();
@@ -329,7 +318,7 @@ async fn a_fair_waiter_cut_off_leaves_the_line_within_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_of_three_down_is_unavailable_and_works_again_when_one_returns() {
     let mut cluster = EtcdCluster::start(3);
-    let locks = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
     let key = unique_key("etcd:quorum");
     take_within_10s(&locks, &key).await.release().await.unwrap();
     cluster.kill(1);
@@ -366,7 +355,7 @@ async fn etcd_users_authenticate_and_a_wrong_password_is_an_auth_failure() {
     let locks = LockClient::new(good).unwrap();
     take_within_10s(&locks, &key).await.release().await.unwrap();
 
-    let bad = client(vec![format!("http://root:wrong-pw@127.0.0.1:{port}")]);
+    let bad = etcd_client(vec![format!("http://root:wrong-pw@127.0.0.1:{port}")]);
     let started = Instant::now();
     let err = bad
         .lock(&key)
@@ -401,8 +390,8 @@ async fn etcd_users_authenticate_and_a_wrong_password_is_an_auth_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_held_locks_renew_in_batches_and_a_deleted_key_loses_only_its_lock() {
     let cluster = EtcdCluster::shared(3);
-    let locks = client(cluster.endpoints());
-    let other = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
+    let other = etcd_client(cluster.endpoints());
     let base = unique_key("etcd:many");
     let ttl = Duration::from_secs(2);
     let mut guards = Vec::new();

@@ -8,25 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_runtime::{LockClient, LockError};
 use lock_tests::{
-    EtcdCluster, FaultProxy, SCHEDULING_SLACK, bounded, etcd_key, unique_key, wait_until,
-    wait_until_async,
+    ETCD_REQUEST, EtcdCluster, FaultProxy, SCHEDULING_SLACK, bounded, etcd_client, etcd_key,
+    unique_key, wait_until, wait_until_async,
 };
 
-/// [`client`]'s request timeout: connect 300 ms + response 500 ms.
-const REQUEST: Duration = Duration::from_millis(800);
 /// The default retry delay (100 ms) at its largest jitter (x1.5).
 const LONGEST_BACKOFF: Duration = Duration::from_millis(150);
-
-fn client(endpoints: Vec<String>) -> LockClient {
-    LockClient::new(
-        LockConfig::etcd(endpoints)
-            .connect_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_millis(500)),
-    )
-    .unwrap()
-}
 
 fn leader(cluster: &EtcdCluster) -> usize {
     let mut found = None;
@@ -76,14 +65,14 @@ async fn hold_through_a_frozen_member(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_follower_while_held_the_lock_stays_held() {
     let cluster = EtcdCluster::start(3);
-    let locks = client(cluster.endpoints());
-    let other = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
+    let other = etcd_client(cluster.endpoints());
     let key = unique_key("etcd-faults:follower");
     let follower = (leader(&cluster) + 1) % cluster.len();
     let ttl = Duration::from_secs(2);
     let guard = hold_through_a_frozen_member(&cluster, follower, &locks, &other, &key, ttl).await;
     cluster.freeze(follower, false);
-    bounded(REQUEST * 2, "release", guard.release())
+    bounded(ETCD_REQUEST * 2, "release", guard.release())
         .await
         .expect("release after the follower came back");
     assert!(!cluster.exists(&etcd_key(&key)), "the key is left");
@@ -95,8 +84,8 @@ async fn a_frozen_follower_while_held_the_lock_stays_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_frozen_the_lock_stays_held_and_a_waiter_gets_it_after_the_release() {
     let cluster = EtcdCluster::start(3);
-    let locks = client(cluster.endpoints());
-    let other = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
+    let other = etcd_client(cluster.endpoints());
     let key = unique_key("etcd-faults:leader");
     let old_leader = leader(&cluster);
     let ttl = Duration::from_secs(2);
@@ -132,7 +121,7 @@ async fn the_leader_frozen_the_lock_stays_held_and_a_waiter_gets_it_after_the_re
     })
     .await;
     assert!(!waiter.is_finished(), "the waiter did not wait");
-    bounded(REQUEST * 2, "release", guard.release())
+    bounded(ETCD_REQUEST * 2, "release", guard.release())
         .await
         .expect("release with the old leader frozen");
     let released = Instant::now();
@@ -143,7 +132,7 @@ async fn the_leader_frozen_the_lock_stays_held_and_a_waiter_gets_it_after_the_re
     let after = at - released;
     eprintln!("leader frozen: the waiter got the lock {after:?} after the release");
     assert!(
-        after <= REQUEST + LONGEST_BACKOFF + SCHEDULING_SLACK,
+        after <= ETCD_REQUEST + LONGEST_BACKOFF + SCHEDULING_SLACK,
         "the waiter got the lock only {after:?} after the release"
     );
     assert!(
@@ -162,8 +151,8 @@ async fn the_leader_frozen_the_lock_stays_held_and_a_waiter_gets_it_after_the_re
 async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its_wait() {
     let cluster = EtcdCluster::start(3);
     let proxy = FaultProxy::start(cluster.client_port(0));
-    let locks = client(cluster.endpoints());
-    let waiting = client(vec![proxy.http_url()]);
+    let locks = etcd_client(cluster.endpoints());
+    let waiting = etcd_client(vec![proxy.http_url()]);
     let key = unique_key("etcd-faults:compacted");
     let guard = locks.lock(&key).acquire().await.unwrap();
     let watchers = cluster.watchers();
@@ -199,7 +188,9 @@ async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its
     proxy.cut_all();
     proxy.set_blackhole(false);
     let healed = Instant::now();
-    let (taken, at) = bounded(wait + REQUEST, "the waiter", waiter).await.unwrap();
+    let (taken, at) = bounded(wait + ETCD_REQUEST, "the waiter", waiter)
+        .await
+        .unwrap();
     let after = at - healed;
     eprintln!(
         "watch from revision {watched_from} compacted at {compacted}: the waiter answered \
@@ -208,7 +199,7 @@ async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its
     );
     let next = taken.expect("the waiter did not get the lock");
     assert!(
-        after <= REQUEST * 2 + LONGEST_BACKOFF + SCHEDULING_SLACK,
+        after <= ETCD_REQUEST * 2 + LONGEST_BACKOFF + SCHEDULING_SLACK,
         "the waiter got the lock only {after:?} after the heal"
     );
     next.release().await.unwrap();
@@ -223,7 +214,7 @@ async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its
 async fn an_acquire_whose_connection_is_reset_in_flight_is_retried_within_its_wait() {
     let cluster = EtcdCluster::shared(1);
     let proxy = FaultProxy::start(cluster.client_port(0));
-    let locks = client(vec![proxy.http_url()]);
+    let locks = etcd_client(vec![proxy.http_url()]);
     let key = unique_key("etcd-faults:reset");
     // The connection exists (a read leaves no lease behind to be revoked later).
     assert!(locks.inspect(&key).await.unwrap().is_none());
@@ -234,7 +225,7 @@ async fn an_acquire_whose_connection_is_reset_in_flight_is_retried_within_its_wa
         let key = key.clone();
         tokio::spawn(async move { locks.lock(&key).wait(wait).acquire().await })
     };
-    wait_until_async(REQUEST, "the acquire reached the proxy", || {
+    wait_until_async(ETCD_REQUEST, "the acquire reached the proxy", || {
         proxy.bytes_up() > sent
     })
     .await;
@@ -253,7 +244,7 @@ async fn an_acquire_whose_connection_is_reset_in_flight_is_retried_within_its_wa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_revoked_by_someone_else_is_lost_within_a_renewal_period() {
     let cluster = EtcdCluster::start(3);
-    let locks = client(cluster.endpoints());
+    let locks = etcd_client(cluster.endpoints());
     let key = unique_key("etcd-faults:revoked");
     let ttl = Duration::from_secs(3);
     let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -267,7 +258,7 @@ async fn a_lease_revoked_by_someone_else_is_lost_within_a_renewal_period() {
         "the key outlived its lease"
     );
     bounded(
-        ttl / 3 + REQUEST + SCHEDULING_SLACK,
+        ttl / 3 + ETCD_REQUEST + SCHEDULING_SLACK,
         "lost() after the revoke",
         guard.lost(),
     )

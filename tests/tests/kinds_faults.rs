@@ -6,20 +6,16 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_runtime::{LockConfig, LockError};
 use lock_tests::sections::Kind;
 use lock_tests::{
-    RedisServer, SCHEDULING_SLACK, Worker, assert_lost_at_the_deadline, bounded, default_validity,
-    lock_keys, unique_key, until_queued,
+    RedisServer, SCHEDULING_SLACK, Worker, assert_lost_at_the_deadline, bounded, client,
+    default_validity, lock_keys, unique_key, until_queued,
 };
 
 /// The default retry delay (100 ms) at its largest jitter (x1.5): how late a waiter that was not
 /// woken (an expiry publishes nothing) asks again.
 const LONGEST_BACKOFF: Duration = Duration::from_millis(150);
-
-fn client(server: &RedisServer) -> LockClient {
-    LockClient::new(LockConfig::single(server.url())).unwrap()
-}
 
 fn server_ms(server: &RedisServer) -> i64 {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut server.admin()).unwrap();
@@ -86,7 +82,7 @@ async fn a_frozen_node_loses_a_fair_shared_or_permit_lock_at_the_validity_deadli
     let validity = default_validity(ttl);
     for kind in [Kind::Fair, Kind::Shared, Kind::Permits(2)] {
         let server = RedisServer::start();
-        let locks = client(&server);
+        let locks = client(LockConfig::single(server.url()));
         let key = unique_key("kinds:frozen");
         let asked = Instant::now();
         let guard = kind
@@ -122,7 +118,7 @@ async fn a_frozen_node_loses_a_fair_shared_or_permit_lock_at_the_validity_deadli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_permit_holder_frees_its_permit_within_its_ttl_not_before() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
     let key = unique_key("kinds:permit-killed");
     let mut dead = holder(&server, &key, ttl, Kind::Permits(1));
@@ -155,8 +151,8 @@ async fn a_killed_permit_holder_frees_its_permit_within_its_ttl_not_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_fair_waiter_leaves_the_line_within_its_ttl() {
     let server = RedisServer::start();
-    let locks = client(&server);
-    let behind = client(&server);
+    let locks = client(LockConfig::single(server.url()));
+    let behind = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
     let key = unique_key("kinds:fair-waiter-killed");
     let held = locks.lock(&key).fair(true).acquire().await.unwrap();

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{capture, free_port};
+use lock_tests::{bounded, capture, free_port};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tracing::Instrument as _;
@@ -142,9 +142,12 @@ async fn a_loss_is_a_warning_in_its_span() {
         .await
         .unwrap();
     assert!(locks.force_release("obs:lost").await.unwrap());
-    tokio::time::timeout(Duration::from_secs(15), guard.lost())
-        .await
-        .expect("the holder learns of the loss at its next renewal");
+    bounded(
+        Duration::from_secs(15),
+        "the holder learns of the loss at its next renewal",
+        guard.lost(),
+    )
+    .await;
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     let span = span_of("lock=obs-lost");
     assert!(
@@ -181,9 +184,12 @@ async fn metrics_count_outcomes_waits_holds_losses_and_held_locks() {
     let kept = lock("obs:m:3").acquire().await.unwrap();
     let lost = lock("obs:m:4").acquire().await.unwrap();
     assert!(locks.force_release("obs:m:4").await.unwrap());
-    tokio::time::timeout(Duration::from_secs(5), lost.lost())
-        .await
-        .expect("the loss is seen at the next renewal");
+    bounded(
+        Duration::from_secs(5),
+        "the loss is seen at the next renewal",
+        lost.lost(),
+    )
+    .await;
     assert!(matches!(lost.release().await, Err(LockError::Lost { .. })));
 
     let all = snapshotter.snapshot().into_vec();

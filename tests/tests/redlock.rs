@@ -14,20 +14,23 @@ use std::time::{Duration, Instant};
 use lock_runtime::layout::redlock_gate;
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, KeyEvents, RedisMasters, RedisServer, Worker, await_waiter, bounded, finish_all,
-    history, lock_keys, ms, unique_key, wait_until_async, warm_up,
+    FaultProxy, KeyEvents, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker,
+    assert_lost_at_the_deadline, await_waiter, bounded, default_validity, finish_all, history,
+    lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
 
-/// Short timeouts so a dead or frozen node is given up on quickly.
+/// Short timeouts so a dead or frozen node is given up on quickly: those of a
+/// [`quick_client`](lock_tests::quick_client), one request [`QUICK_REQUEST`].
 fn config(urls: impl IntoIterator<Item = String>) -> LockConfig {
     LockConfig::redlock(urls)
         .connect_timeout(ms(200))
         .response_timeout(ms(200))
 }
 
-fn client(urls: impl IntoIterator<Item = String>) -> LockClient {
+/// A Redlock client of `urls` with [`config`]'s short timeouts.
+fn redlock_client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(config(urls)).expect("valid redlock config")
 }
 
@@ -143,7 +146,7 @@ fn node_name(node: &RedisServer) -> String {
 #[tokio::test]
 async fn two_of_five_down_still_acquires_and_releases() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     masters.nodes[3].stop();
     masters.nodes[4].stop();
     let survivors: Vec<&RedisServer> = masters.nodes[..3].iter().collect();
@@ -174,7 +177,7 @@ async fn two_of_five_down_still_acquires_and_releases() {
 #[tokio::test]
 async fn three_of_five_down_is_unavailable_within_a_second() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let mut stopped: Vec<String> = masters.nodes[2..].iter().map(node_name).collect();
     stopped.sort();
     for node in &mut masters.nodes[2..] {
@@ -227,7 +230,7 @@ async fn acquire_release_pairs(client: &LockClient, key: &str, n: usize) -> Vec<
 #[tokio::test]
 async fn frozen_node_keeps_latency_within_twice_healthy() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:frozen");
 
     acquire_release_pairs(&client, &key, 5).await;
@@ -269,7 +272,7 @@ async fn latency_beyond_validity_never_reports_success() {
     )
     .unwrap();
     // (b) The slow nodes time out.
-    let impatient = client(urls);
+    let impatient = redlock_client(urls);
     let all: Vec<&RedisServer> = masters.nodes.iter().collect();
     let key = unique_key("redlock:slow");
     let ttl = ms(300);
@@ -326,7 +329,7 @@ async fn latency_beyond_validity_never_reports_success() {
 #[tokio::test]
 async fn node_restarted_empty_while_held_keeps_the_lock() {
     let mut masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:restart-held");
 
     let start = Instant::now();
@@ -354,7 +357,7 @@ async fn node_restarted_empty_while_held_keeps_the_lock() {
 #[tokio::test]
 async fn restart_without_persistence_breaks_safety_documented_limit() {
     let mut masters = RedisMasters::start(NODES);
-    let first = client(masters.urls());
+    let first = redlock_client(masters.urls());
     let key = unique_key("redlock:restart-unsafe");
     let ttl = Duration::from_secs(15);
 
@@ -372,7 +375,7 @@ async fn restart_without_persistence_breaks_safety_documented_limit() {
     // A client that connects now (one connected before would first have to notice that A
     // restarted under it: a request on a dead connection fails, and 2 held + 1 failed is
     // `Contended`, not the unsafe grant this test shows).
-    let second = client(masters.urls());
+    let second = redlock_client(masters.urls());
     let stolen = second
         .lock(&key)
         .ttl(ttl)
@@ -390,9 +393,12 @@ async fn restart_without_persistence_breaks_safety_documented_limit() {
 
     // Its next renewal finds the lock on two nodes out of five: lost.
     let detect = Instant::now();
-    tokio::time::timeout(ttl, held.lost())
-        .await
-        .expect("the first holder learns it lost the lock within one ttl");
+    bounded(
+        ttl,
+        "the first holder learns it lost the lock within one ttl",
+        held.lost(),
+    )
+    .await;
     eprintln!(
         "redlock restart limit: first holder told 'lost' {:?} later",
         detect.elapsed()
@@ -519,7 +525,7 @@ async fn sixteen_clients_never_overlap_and_every_round_has_a_winner() {
 #[tokio::test]
 async fn deleted_on_a_majority_is_lost_within_ttl() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:loss-majority");
     let ttl = ms(1000);
     let guard = client.lock(&key).ttl(ttl).acquire().await.unwrap();
@@ -528,9 +534,12 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
         delete_lock(node, &key);
     }
     let start = Instant::now();
-    tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
-        .await
-        .expect("lost() resolves once a quorum says 'not yours'");
+    bounded(
+        ttl + Duration::from_secs(1),
+        "lost() resolves once a quorum says 'not yours'",
+        guard.lost(),
+    )
+    .await;
     eprintln!(
         "redlock loss (deleted on 3/5, ttl {ttl:?}): detected after {:?}",
         start.elapsed()
@@ -542,7 +551,7 @@ async fn deleted_on_a_majority_is_lost_within_ttl() {
 #[tokio::test]
 async fn deleted_on_a_minority_is_not_lost() {
     let masters = RedisMasters::start(NODES);
-    let client = client(masters.urls());
+    let client = redlock_client(masters.urls());
     let key = unique_key("redlock:loss-minority");
     let guard = client.lock(&key).ttl(ms(1000)).acquire().await.unwrap();
     wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
@@ -560,8 +569,8 @@ async fn deleted_on_a_minority_is_not_lost() {
 #[tokio::test]
 async fn one_node_redlock_behaves_like_single_node() {
     let server = RedisServer::start();
-    let first = client([server.url()]);
-    let second = client([server.url()]);
+    let first = redlock_client([server.url()]);
+    let second = redlock_client([server.url()]);
     let key = unique_key("redlock:one-node");
 
     let guard = first.lock(&key).acquire().await.unwrap();
@@ -578,12 +587,65 @@ async fn one_node_redlock_behaves_like_single_node() {
     guard.release().await.unwrap();
 }
 
+/// Three of five Redlock nodes frozen while held: no quorum confirms a renewal, so the holder is
+/// told `Lost` at its validity deadline, ttl - drift (1 s - 12 ms) after its acquire was sent: not
+/// before, and not later than that deadline (counted from when the grant returned) + scheduling
+/// slack (the renewal driver's timer fires at the deadline). Another acquire is `Unavailable`
+/// within wait + one request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_majority_frozen_loses_the_lock_and_is_unavailable() {
+    let cluster = RedisMasters::start(5);
+    let holder = redlock_client(cluster.urls());
+    let other = redlock_client(cluster.urls());
+    let key = unique_key("table:redlock-majority");
+    let ttl = Duration::from_secs(1);
+    let validity = default_validity(ttl);
+    let started = Instant::now();
+    let guard = holder.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let granted = Instant::now();
+    for node in &cluster.nodes[..3] {
+        node.freeze();
+    }
+    let frozen = Instant::now();
+    bounded(
+        validity + SCHEDULING_SLACK + Duration::from_secs(1),
+        "lost()",
+        guard.lost(),
+    )
+    .await;
+    let lost = Instant::now();
+    let wait = ms(300);
+    let asked = Instant::now();
+    let result = other.lock(&key).ttl(ttl).wait(wait).acquire().await;
+    let took = asked.elapsed();
+    for node in &cluster.nodes[..3] {
+        node.thaw();
+    }
+    eprintln!(
+        "3 of 5 frozen ({:?} after the grant): holder lost {:?} after the acquire was called \
+         (validity {validity:?}); acquire {:?} after {took:?}",
+        frozen - granted,
+        lost - started,
+        result.as_ref().map(drop)
+    );
+    assert_lost_at_the_deadline(started, granted, lost, validity);
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took <= wait + QUICK_REQUEST + SCHEDULING_SLACK,
+        "answered after {took:?}"
+    );
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
 // --- 7. Contention is never reported as failure, nor failure as contention. -------------------
 
 #[tokio::test]
 async fn held_key_is_contended_never_unavailable() {
     let mut masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     // Long timeouts: a contended answer that waited for the frozen nodes would show.
     let other = patient_client(masters.urls());
     let key = unique_key("redlock:contended");
@@ -617,8 +679,8 @@ async fn held_key_is_contended_never_unavailable() {
 #[tokio::test]
 async fn three_nodes_down_is_unavailable_never_contended() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
-    let other = client(masters.urls());
+    let holder = redlock_client(masters.urls());
+    let other = redlock_client(masters.urls());
     let free_key = unique_key("redlock:down-free");
     let held_key = unique_key("redlock:down-held");
     // Connect every node first, so the frozen ones time out rather than fail to connect.
@@ -848,7 +910,7 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
 #[tokio::test]
 async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:gate");
     let guard = hold_on_all(&holder, &masters, &key).await;
@@ -880,7 +942,7 @@ async fn a_frozen_gate_node_does_not_hold_up_a_contended_lock() {
 #[tokio::test]
 async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free() {
     let masters = RedisMasters::start(NODES);
-    let locks = client(masters.urls());
+    let locks = redlock_client(masters.urls());
     let warm = locks.lock(unique_key("redlock:place-warm")).acquire().await;
     warm.unwrap().release().await.unwrap();
     let key = unique_key("redlock:place");
@@ -921,7 +983,7 @@ async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free
 #[tokio::test]
 async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let caller = patient_client(masters.urls());
     let key = unique_key("redlock:gate-only");
     let gate = redlock_gate(&key, NODES);
@@ -952,7 +1014,7 @@ async fn a_caller_that_does_not_wait_is_never_refused_by_the_gate_alone() {
 #[tokio::test]
 async fn a_waiter_listens_at_the_gate_node_alone() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:announce");
     let gate = redlock_gate(&key, NODES);
@@ -981,7 +1043,7 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
 #[tokio::test]
 async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let waiter = patient_client(masters.urls());
     // Two keys whose gates differ; the held one sorts second.
     let base = unique_key("redlock:multi-gate");
@@ -1015,7 +1077,7 @@ async fn a_waiter_on_several_keys_listens_at_its_locks_gate() {
 #[tokio::test]
 async fn a_waiter_whose_gate_is_frozen_listens_at_the_other_nodes() {
     let masters = RedisMasters::start(NODES);
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let key = unique_key("redlock:frozen-gate-wake");
     let gate = redlock_gate(&key, NODES);
     let guard = hold_on_all(&holder, &masters, &key).await;
@@ -1054,7 +1116,7 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
     let queue = lock_keys(&key).queue;
     let others = all_but(&masters, gate);
     masters.nodes[gate].freeze();
-    let holder = client(masters.urls());
+    let holder = redlock_client(masters.urls());
     let guard = holder.lock(&key).fair(true).acquire().await.unwrap();
     let waiter =
         LockClient::new(config(masters.urls()).default_ttl(Duration::from_secs(30))).unwrap();
@@ -1080,7 +1142,7 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
         "{gave_up:?}"
     );
     guard.release().await.unwrap();
-    let third = client(masters.urls());
+    let third = redlock_client(masters.urls());
     let started = Instant::now();
     let got = third
         .lock(&key)

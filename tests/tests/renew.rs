@@ -1,11 +1,18 @@
-//! Renewal at scale and its effect on the keys in Redis.
+//! Renewal on one Redis node: at scale and its effect on the keys in Redis, in time after a slow
+//! acquire, and what it finds: one lock of a batch gone bad fails only itself, and a lock whose
+//! key someone else deleted or overwrote is reported lost within a renewal period (the other
+//! owner's key left alone).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig};
-use lock_tests::{RedisServer, lock_keys, unique_key};
+use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_tests::{FENCE_LAG, FaultProxy, RedisServer, bounded, client, lock_keys, ms, unique_key};
+
+fn get(admin: &mut redis::Connection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(admin).unwrap()
+}
 
 /// 10,000 locks held at once by one client stay held: one driver renews them in pipelined
 /// batches, not one task and one round trip per lock.
@@ -84,4 +91,162 @@ async fn renewal_extends_the_key_in_redis() {
     assert!(lowest > 0, "key lapsed: PTTL {lowest}");
     assert!(!guard.is_lost());
     guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_acquire_still_renews_before_its_deadline() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks = client(
+        LockConfig::single(proxy.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    );
+    let ttl = Duration::from_secs(2);
+    // Warm up: connect, and load both the extend script (one renewal) and the acquire script.
+    let key = unique_key("life:slow-acquire");
+    let warm = locks.lock(&key).ttl(ms(300)).acquire().await.unwrap();
+    tokio::time::sleep(ms(250)).await;
+    assert!(!warm.is_lost());
+    warm.release().await.unwrap();
+    // The name's grant is older than the fence lag now, so this one is the acquire script, and
+    // after the lag again, so is the slow acquire below.
+    let warm = locks.lock(&key).acquire().await.unwrap();
+    warm.release().await.unwrap();
+    tokio::time::sleep(FENCE_LAG).await;
+
+    // 400ms each way: every round trip takes 0.4 ttl, the acquire included. The acquire is one
+    // round trip because the client saw the name longer than the fence lag ago (its acquire is
+    // the script): a name new to it would be seeded at the server's clock as read before the
+    // delay, which the delay makes lag, and the token would be raised in a second round trip.
+    proxy.set_delay(ms(400));
+    let started = Instant::now();
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    eprintln!(
+        "acquire through a 800ms round trip took {:?}",
+        started.elapsed()
+    );
+    let lost = tokio::time::timeout(3 * ttl, guard.lost()).await;
+    if lost.is_ok() {
+        panic!(
+            "lost {:?} after a slow acquire (ttl {ttl:?}, round trip 800ms): its first renewal came too late",
+            started.elapsed()
+        );
+    }
+    proxy.set_delay(Duration::ZERO);
+    guard.release().await.expect("still ours");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_item_in_a_renewal_batch_fails_only_itself() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let ttl = Duration::from_secs(1);
+    let (good_key, bad_key) = (unique_key("life:batch-good"), unique_key("life:batch-bad"));
+    // Taken together, so their renewals fall into one batch.
+    let (good, bad) = tokio::join!(
+        locks.lock(&good_key).ttl(ttl).acquire(),
+        locks.lock(&bad_key).ttl(ttl).acquire(),
+    );
+    let (good, bad) = (good.unwrap(), bad.unwrap());
+    let mut admin = server.admin();
+    let () = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(lock_keys(&bad_key).lock)
+        .ignore()
+        .cmd("HSET")
+        .arg(lock_keys(&bad_key).lock)
+        .arg("f")
+        .arg("v")
+        .ignore()
+        .query(&mut admin)
+        .unwrap();
+    let started = Instant::now();
+    bounded(2 * ttl, "the bad lock reported lost", bad.lost()).await;
+    eprintln!("WRONGTYPE lock reported lost after {:?}", started.elapsed());
+    let good_lost = tokio::time::timeout(3 * ttl, good.lost()).await;
+    assert!(
+        good_lost.is_err(),
+        "the healthy lock was lost {:?} after its batch neighbour went bad",
+        started.elapsed()
+    );
+    good.release()
+        .await
+        .expect("the healthy lock is still ours");
+    assert!(matches!(bad.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test]
+async fn externally_deleted_key_is_lost_within_a_renewal_period() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:deleted");
+    let ttl = Duration::from_millis(900);
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(lock_keys(&key).lock)
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock key was not where expected");
+    let at = Instant::now();
+    bounded(
+        ttl / 3 + Duration::from_secs(1),
+        "lost() after DEL",
+        guard.lost(),
+    )
+    .await;
+    eprintln!("deleted key: lost after {:?}", at.elapsed());
+    assert!(guard.is_lost());
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "got {released:?}"
+    );
+}
+
+#[tokio::test]
+async fn externally_overwritten_key_is_lost_and_not_deleted_by_release() {
+    let server = RedisServer::start();
+    let mut admin = server.admin();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("faults:overwritten");
+    let ttl = Duration::from_millis(900);
+
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(lock_keys(&key).lock)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut admin)
+        .unwrap();
+    let at = Instant::now();
+    bounded(
+        ttl / 3 + Duration::from_secs(1),
+        "lost() after SET",
+        guard.lost(),
+    )
+    .await;
+    eprintln!("overwritten key: lost after {:?}", at.elapsed());
+    assert!(guard.is_lost());
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "got {released:?}"
+    );
+    assert_eq!(
+        get(&mut admin, &lock_keys(&key).lock).as_deref(),
+        Some("someone-else"),
+        "release deleted or changed another owner's lock"
+    );
+    // The other owner's lock is respected: contended, not stolen.
+    let err = locks
+        .lock(&key)
+        .acquire()
+        .await
+        .expect_err("stole the lock");
+    assert!(err.is_contended(), "got {err:?}");
 }

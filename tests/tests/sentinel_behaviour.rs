@@ -21,8 +21,7 @@ kind_tests!(fixture());
 /// counted it); renewals are checked the same way and keep a short lock held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
-    let _turn =
-        behaviour::turn("min_replicas_grants_are_on_the_replica_when_acquire_returns").await;
+    let _turn = behaviour::turn_beside_others().await;
     let set = SentinelSet::shared();
     let config =
         LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls()).min_replicas(1);
@@ -42,7 +41,8 @@ async fn min_replicas_grants_are_on_the_replica_when_acquire_returns() {
 /// from the release's message alone, it would be).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_fair_hand_offs_wait_for_the_replica() {
-    let _turn = behaviour::turn("min_replicas_fair_hand_offs_wait_for_the_replica").await;
+    // Alone: it freezes the shared replica.
+    let _turn = behaviour::turn_alone().await;
     let set = SentinelSet::shared();
     let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls())
         .min_replicas(1)
@@ -165,9 +165,7 @@ async fn the_url_password_is_the_masters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_a_grant_waiting_for_the_replica_holds_up_no_other_request() {
     use std::time::Duration;
-    let _turn =
-        behaviour::turn("min_replicas_a_grant_waiting_for_the_replica_holds_up_no_other_request")
-            .await;
+    let _turn = behaviour::turn_beside_others().await;
     let set = SentinelSet::shared();
     let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls())
         .min_replicas(1)

@@ -1,6 +1,8 @@
 //! A single Redis node that is up but limits what it does: writes paused (`CLIENT PAUSE WRITE`),
-//! no room for another connection (`maxclients`), and the lock's own script made slow by a long
-//! fair queue. Rows of the fault table in `lock-runtime/FAULTS.md`.
+//! no room for another connection (`maxclients`), the lock's own script made slow by a long fair
+//! queue, busy with another script (`BUSY`), loading its dataset (`LOADING`), out of memory
+//! (`noeviction` refuses writes; `volatile-ttl` evicts the lock key). Rows of the fault table in
+//! `lock-runtime/FAULTS.md`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,16 +10,13 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    CLEANUP_PAUSE, KeyEvents, LockKeys, RedisServer, SCHEDULING_SLACK, bounded, key_exists,
-    lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
+    BusyScript, CLEANUP_PAUSE, KeyEvents, LoadingServer, LockKeys, QUICK_REQUEST, RedisServer,
+    SCHEDULING_SLACK, bounded, client, key_exists, lock_keys, ms, pause_writes, quick_client,
+    unique_key, wait_until_async, warm_up,
 };
 
 /// One request with the default timeouts: connect 1 s + response 500 ms.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
-
-fn client(server: &RedisServer) -> LockClient {
-    LockClient::new(LockConfig::single(server.url())).unwrap()
-}
 
 /// Pauses writes for `pause`, then acquires `key`; returns when the pause began, how long the
 /// acquire took from then, and its outcome.
@@ -60,7 +59,7 @@ fn pttl(server: &RedisServer, key: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_shorter_than_the_wait_the_acquire_is_granted_when_the_pause_ends() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let key = unique_key("limits:pause-granted");
     let pause = Duration::from_millis(800);
@@ -90,7 +89,7 @@ async fn writes_paused_shorter_than_the_wait_the_acquire_is_granted_when_the_pau
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_past_the_wait_the_acquire_is_unavailable_and_leaves_nothing() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let key = unique_key("limits:pause-unavailable");
     let lock = lock_keys(&key).lock;
@@ -128,7 +127,7 @@ async fn writes_paused_past_the_wait_the_acquire_is_unavailable_and_leaves_nothi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_paused_shorter_than_the_validity_a_held_lock_is_not_lost() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     let key = unique_key("limits:pause-held");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(3);
@@ -200,14 +199,14 @@ fn fill_maxclients(server: &RedisServer) -> redis::Connection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maxclients_reached_a_new_client_is_unavailable_and_an_existing_one_keeps_working() {
     let server = RedisServer::start();
-    let old = client(&server);
+    let old = client(LockConfig::single(server.url()));
     let ttl = Duration::from_secs(1);
     let held_key = unique_key("limits:maxclients-held");
     let held = old.lock(&held_key).ttl(ttl).acquire().await.unwrap();
     let _admin = fill_maxclients(&server);
 
     for wait in [Duration::ZERO, Duration::from_secs(2)] {
-        let fresh = client(&server);
+        let fresh = client(LockConfig::single(server.url()));
         let key = unique_key("limits:maxclients-new");
         let started = Instant::now();
         let result = bounded(
@@ -299,7 +298,7 @@ fn zcard(server: &RedisServer, key: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds() {
     let server = RedisServer::start();
-    let locks = client(&server);
+    let locks = client(LockConfig::single(server.url()));
     warm_up(&locks).await;
     let response_timeout = Duration::from_millis(500);
     let key = unique_key("limits:long-line");
@@ -378,4 +377,171 @@ async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds()
         live - 1,
         "stale entries left among the leases"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Busy with another script (`BUSY`) or loading its dataset (`LOADING`): transient replies,
+// retried within `wait`.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_script_is_retried_within_wait() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    // Connect first, so only the BUSY reply is new.
+    locks
+        .lock(unique_key("life:warm"))
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let busy = BusyScript::start(&server, ms(700));
+    let key = unique_key("life:busy");
+    let started = Instant::now();
+    let result = bounded(
+        Duration::from_secs(10),
+        "acquire during BUSY",
+        locks.lock(&key).wait(Duration::from_secs(3)).acquire(),
+    )
+    .await;
+    eprintln!(
+        "acquire (wait 3s) started during BUSY: {result:?} after {:?}",
+        started.elapsed()
+    );
+    busy.join();
+    let guard = result.expect("a BUSY reply must be retried within wait");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_dataset_is_retried_within_wait() {
+    let mut server = LoadingServer::prepare(10_000, 100);
+    let locks = client(LockConfig::single(server.url()));
+    server.start_loading();
+    let key = unique_key("life:loading");
+    let started = Instant::now();
+    let result = bounded(
+        Duration::from_secs(15),
+        "acquire during LOADING",
+        locks.lock(&key).wait(Duration::from_secs(8)).acquire(),
+    )
+    .await;
+    eprintln!(
+        "acquire (wait 8s) started during LOADING: {result:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        server.wait_loaded(Duration::from_secs(20)),
+        "never finished loading"
+    );
+    let guard = result.expect("a LOADING reply must be retried within wait");
+    guard.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Out of memory: writes refused under `noeviction`, the lock key evicted under `volatile-ttl`.
+
+fn config_set(server: &RedisServer, name: &str, value: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(&mut server.admin())
+        .unwrap();
+}
+
+fn used_memory(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(&mut server.admin())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn oom_under_noeviction_is_unavailable_and_writes_nothing() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key("table:oom");
+    config_set(&server, "maxmemory-policy", "noeviction");
+    config_set(
+        &server,
+        "maxmemory",
+        &(used_memory(&server) + 512 * 1024).to_string(),
+    );
+    // Fill until a write is refused (bounded).
+    let mut admin = server.admin();
+    let mut refused = false;
+    for i in 0..2000 {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("junk:{i}"))
+            .arg(vec![b'x'; 4096])
+            .query(&mut admin);
+        if set.is_err_and(|e| e.code() == Some("OOM")) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the lever failed: no OOM reply");
+    let result = locks.lock(&key).acquire().await;
+    eprintln!("acquire under OOM: {:?}", result.as_ref().map(drop));
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    let left = server.keys(&format!("*{key}*"));
+    assert!(left.is_empty(), "half-written: {left:?}");
+}
+
+/// The lock key evicted (`volatile-ttl` picks it, the key closest to expiry): the holder is told
+/// `Lost` at its next renewal, within one renewal period (ttl / 3 = 1 s) + one request timeout
+/// + slack of the eviction, long before its 3 s ttl.
+#[tokio::test]
+async fn evicted_lock_key_is_reported_lost() {
+    let server = RedisServer::start();
+    let locks = quick_client(server.url());
+    let key = unique_key("table:evicted");
+    let lock = lock_keys(&key).lock;
+    let ttl = Duration::from_secs(3);
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    // volatile-ttl evicts the key closest to expiry first: the lock, not the hour-long junk.
+    config_set(&server, "maxmemory-policy", "volatile-ttl");
+    config_set(
+        &server,
+        "maxmemory",
+        &(used_memory(&server) + 512 * 1024).to_string(),
+    );
+    let mut admin = server.admin();
+    let mut junk = 0u64;
+    // The eviction came after this instant: the lock was still there, and not lost.
+    let mut present = Instant::now();
+    for _ in 0..100 {
+        if !key_exists(&server, &lock) {
+            break;
+        }
+        assert!(!guard.is_lost(), "lost before the eviction");
+        present = Instant::now();
+        let mut pipe = redis::pipe();
+        for _ in 0..50 {
+            junk += 1;
+            pipe.cmd("SET")
+                .arg(format!("junk:{junk}"))
+                .arg(vec![b'x'; 1024])
+                .arg("EX")
+                .arg(3600)
+                .ignore();
+        }
+        let _: redis::RedisResult<()> = pipe.query(&mut admin);
+    }
+    assert!(!key_exists(&server, &lock), "the lever failed: not evicted");
+    let bound = ttl / 3 + QUICK_REQUEST + SCHEDULING_SLACK;
+    bounded(bound, "lost() after eviction", guard.lost()).await;
+    let took = present.elapsed();
+    eprintln!("lock key evicted: lost at most {took:?} later (bound {bound:?})");
+    assert!(took <= bound, "lost {took:?} after the eviction");
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError, NodeFailure};
 use lock_tests::{
-    LockStore, RedisCluster, RedisMasters, RedisServer, SCHEDULING_SLACK, SentinelSet,
+    RedisCluster, RedisMasters, RedisServer, RedisStore, SCHEDULING_SLACK, SentinelSet,
     ServerOptions, TestCa, bounded, lock_keys, unique_key, wait_until_async,
 };
 

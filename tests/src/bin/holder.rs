@@ -1,4 +1,5 @@
-//! Test helper for `tests/processes.rs` and `tests/faults.rs`: takes one lock and holds it until killed.
+//! Test helper for `tests/processes.rs`, `tests/holder_processes.rs` and others: takes one lock
+//! and holds it until killed.
 //!
 //! Usage: `holder <redis-url> <key> <ttl-ms> [kind]`. Prints `acquired fence=<n>` on stdout once the
 //! lock is held (the renewal driver keeps it alive from then on), then sleeps until the process is

@@ -1,5 +1,6 @@
-//! Test helper for `tests/holder_pauses.rs`: takes one lock (ttl 1s), says so, and holds it until
-//! a file appears, so that the test can SIGSTOP it past its ttl, resume it and then let it finish.
+//! Test helper for `tests/holder_processes.rs`: takes one lock (ttl 1s), says so, and holds it
+//! until a file appears, so that the test can SIGSTOP it past its ttl, resume it and then let it
+//! finish.
 //!
 //! Usage: `paused_holder <redis-url> <key> <go-file> <mode>`, mode one of
 //! - `guard`: `acquire_blocking`, then after the go file appeared print `is_lost=<bool>` and

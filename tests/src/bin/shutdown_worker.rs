@@ -1,4 +1,4 @@
-//! Test helper for `tests/lifecycle.rs`: starts releases, calls `lock_runtime::shutdown()`, and
+//! Test helper for `tests/shutdown.rs`: starts releases, calls `lock_runtime::shutdown()`, and
 //! exits at once.
 //!
 //! Usage: `shutdown_worker <redis-url> <held-key> <dropped-key> <cancelled-key>`. Through the

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use super::server::{RedisServer, ServerOptions};
-use super::store::LockStore;
+use super::store::RedisStore;
 use super::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, TestCa};
 use super::util::{poll_until, reap_after_exit};
 
@@ -301,7 +301,7 @@ impl RedisCluster {
     }
 }
 
-impl LockStore for &'static RedisCluster {
+impl RedisStore for &'static RedisCluster {
     fn fails_over(&self) -> bool {
         true
     }

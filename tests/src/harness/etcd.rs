@@ -27,6 +27,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
+use super::proxy::FaultProxy;
+use super::store::LockStore;
 use super::tls::{SERVER_CERT, SERVER_KEY, TestCa};
 use super::util::free_port;
 
@@ -525,6 +527,75 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// An etcd cluster as the behaviour suite reads it: one store however many members it has (its
+/// reads are linearizable), with the proxy its lock clients talk through, which counts their
+/// requests.
+#[derive(Debug)]
+pub struct EtcdStore {
+    cluster: &'static EtcdCluster,
+    proxy: FaultProxy,
+}
+
+impl EtcdStore {
+    /// The store of `cluster`, whose lock clients talk to it through `proxy`.
+    pub fn new(cluster: &'static EtcdCluster, proxy: FaultProxy) -> EtcdStore {
+        EtcdStore { cluster, proxy }
+    }
+}
+
+impl LockStore for EtcdStore {
+    fn holds(&self, name: &str) -> bool {
+        self.cluster.exists(&etcd_key(name))
+    }
+
+    fn holds_none_under(&self, prefix: &str, but: Option<&str>) -> bool {
+        let want = but.map_or(0, |k| usize::from(self.cluster.exists(&etcd_key(k))));
+        self.cluster.count_prefix(&etcd_key(prefix)) == want
+    }
+
+    /// A new watcher. etcd counts watchers per member (summed here), not per key: on a shared
+    /// cluster another check's watcher can pass for this one (checks whose waiters must line up
+    /// in order run alone); the waiter then still retries right after its own watch is
+    /// confirmed, so a release is never missed, only less strictly timed. A watcher that was
+    /// ending (an earlier waiter's, which etcd drops a moment after its stream closed) would hide
+    /// the new one: counted from the fewest seen.
+    fn listening(&self, _name: &str) -> Box<dyn FnMut() -> bool + Send + '_> {
+        let mut fewest = self.cluster.watchers();
+        Box::new(move || {
+            let now = self.cluster.watchers();
+            fewest = fewest.min(now);
+            now > fewest
+        })
+    }
+
+    /// Wide: three members that fsync every write answer slowly on a loaded machine, and a waiter
+    /// only watches once its first attempt was refused.
+    fn listen_timeout(&self) -> Duration {
+        Duration::from_secs(15)
+    }
+
+    /// Request bytes sent by the clients through the proxy.
+    fn lock_requests(&self) -> u64 {
+        self.proxy.bytes_up()
+    }
+
+    fn script_calls(&self) -> Option<u64> {
+        None
+    }
+
+    /// 2 s: a renewal is a keepalive and a read each committed by fsyncing members (on three
+    /// members under load, a renewal that must land within a few hundred milliseconds makes a
+    /// flake, not a finding).
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// etcd's leases count whole seconds and its lessor expires them on a 500 ms tick.
+    fn expiry_granularity(&self) -> Duration {
+        Duration::from_millis(1500)
+    }
 }
 
 /// The etcd key of lock `name` under the default prefix `lock:` (also of a name's beginning: the

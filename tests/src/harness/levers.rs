@@ -211,6 +211,24 @@ pub fn key_exists(server: &RedisServer, key: &str) -> bool {
         .unwrap()
 }
 
+/// Waits until `key` is gone from `server` (`EXISTS` over one admin connection) and returns how
+/// long that took; panics naming `what` after `timeout`.
+pub async fn wait_key_gone(
+    server: &RedisServer,
+    key: &str,
+    timeout: Duration,
+    what: &str,
+) -> Duration {
+    let mut admin = server.admin();
+    crate::wait_until_async(timeout, &format!("{what}: {key} gone"), || {
+        !redis::cmd("EXISTS")
+            .arg(key)
+            .query::<bool>(&mut admin)
+            .unwrap()
+    })
+    .await
+}
+
 /// Polls `cond` every 5ms until it holds (true) or `within` passed (false).
 pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + within;

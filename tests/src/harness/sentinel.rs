@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::server::{RedisServer, ServerOptions};
-use super::store::LockStore;
+use super::store::RedisStore;
 use super::tls::TestCa;
 use super::util::{poll_until, reap_after_exit};
 
@@ -240,7 +240,7 @@ impl SentinelSet {
     }
 }
 
-impl LockStore for &'static SentinelSet {
+impl RedisStore for &'static SentinelSet {
     fn fails_over(&self) -> bool {
         true
     }

@@ -205,6 +205,10 @@ pub fn assert_lost_at_the_deadline(
 /// within this + one request timeout of landing.
 pub const CLEANUP_PAUSE: Duration = Duration::from_secs(1);
 
+/// How far a fence counter may lag the server's clock for the transaction (the runtime's
+/// `FENCE_LAG_US`): a client that saw a name's grant longer ago than this takes it by the script.
+pub const FENCE_LAG: Duration = Duration::from_millis(100);
+
 /// `n` milliseconds.
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -213,6 +217,43 @@ pub fn ms(n: u64) -> Duration {
 /// A client for `config`; panics when the config is invalid.
 pub fn client(config: lock_runtime::LockConfig) -> lock_runtime::LockClient {
     lock_runtime::LockClient::new(config).expect("valid lock config")
+}
+
+/// The request timeout of a [`quick_client`]: connect 200 ms + response 200 ms.
+pub const QUICK_REQUEST: Duration = Duration::from_millis(400);
+
+/// A single-node client of `url` with short timeouts (connect 200 ms + response 200 ms:
+/// [`QUICK_REQUEST`]), so a fault is noticed quickly; panics when the config is invalid.
+pub fn quick_client(url: impl Into<String>) -> lock_runtime::LockClient {
+    client(
+        lock_runtime::LockConfig::single(url)
+            .connect_timeout(ms(200))
+            .response_timeout(ms(200)),
+    )
+}
+
+/// The request timeout of an [`etcd_client`]: connect 300 ms + response 500 ms.
+#[cfg(feature = "etcd")]
+pub const ETCD_REQUEST: Duration = Duration::from_millis(800);
+
+/// An etcd client of `endpoints` with connect 300 ms + response 500 ms ([`ETCD_REQUEST`]);
+/// panics when the config is invalid.
+#[cfg(feature = "etcd")]
+pub fn etcd_client(endpoints: Vec<String>) -> lock_runtime::LockClient {
+    client(
+        lock_runtime::LockConfig::etcd(endpoints)
+            .connect_timeout(ms(300))
+            .response_timeout(ms(500)),
+    )
+}
+
+/// The causes an [`Unavailable`](lock_runtime::LockError::Unavailable) error names; panics on any
+/// other error.
+pub fn unavailable_causes(err: &lock_runtime::LockError) -> &[lock_runtime::NodeFailure] {
+    match err {
+        lock_runtime::LockError::Unavailable { causes, .. } => causes,
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
 }
 
 /// The field a [`LockError::Config`](lock_runtime::LockError::Config) names; panics on any other

@@ -12,7 +12,7 @@ use futures_util::StreamExt as _;
 use lock_runtime::{Election, Leadership, LockError, Owner};
 use lock_tests::{SCHEDULING_SLACK, bounded, unique_key};
 
-use super::{Fx, released_to};
+use super::fixture::{Fx, released_to};
 
 /// One request's bound in every fixture (connect 1 s + response 500 ms).
 const REQUEST: Duration = Duration::from_millis(1500);

@@ -10,26 +10,19 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockError, LockGuard};
-use lock_tests::{bounded, queued, unique_key, until_queued, wait_until_async};
+use lock_tests::{bounded, config_field, queued, unique_key, until_queued, wait_until_async};
 
+use super::fixture::{Fx, released_to, takes};
 #[allow(
     unused_imports,
     reason = "binaries without the kind checks (hosted) leave them unused"
 )]
 pub(crate) use super::owners::{each_permit_names_its_owner, each_share_names_its_owner};
-use super::{Fx, released_to, takes};
 
 const LONG: Duration = Duration::from_secs(10);
 
 fn is_contended<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
     matches!(result, Err(LockError::Contended { .. }))
-}
-
-fn config_field<T: std::fmt::Debug>(result: Result<T, LockError>) -> &'static str {
-    match result {
-        Err(LockError::Config { field, .. }) => field,
-        other => panic!("expected a Config error, got {other:?}"),
-    }
 }
 
 /// Five fair waiters that queued one after another get the lock in that order, each handed it
@@ -113,7 +106,7 @@ pub(crate) async fn a_fair_hand_off_wakes_the_head_alone(fx: &Fx) {
     }
     // Each waiter asks twice before it sleeps: its first attempt, and one more once its
     // subscription is confirmed (a release may have come before it).
-    let asked = if fx.nodes.is_empty() { 0 } else { 2 * 6 };
+    let asked = if fx.runs_scripts() { 2 * 6 } else { 0 };
     wait_until_async(Duration::from_secs(5), "every waiter asked twice", || {
         fx.script_calls() - base == asked
     })
@@ -125,7 +118,7 @@ pub(crate) async fn a_fair_hand_off_wakes_the_head_alone(fx: &Fx) {
     }
     let spent = fx.script_calls() - before;
     eprintln!("six fair hand-offs: {spent} script calls");
-    let releases = if fx.nodes.is_empty() { 0 } else { 7 };
+    let releases = if fx.runs_scripts() { 7 } else { 0 };
     // Where a master can be deposed, each woken waiter confirms its hand-off with the current
     // master: one acquire call each. A deposed master's message taken as the grant handed out a
     // lock the new master never gave (the Sentinel campaign's long run saw it).
@@ -407,35 +400,26 @@ pub(crate) async fn redlock_refuses_permits(fx: &Fx) {
 }
 
 /// One `#[tokio::test]` per check of this file, each with a fresh `$fixture`: every check, or
-/// with `redlock` the ones that apply to Redlock.
+/// with `redlock` the ones that apply to Redlock. Checks marked `alone` run alone, as in
+/// [`behaviour_tests!`](crate::behaviour_tests), whose rules make the tests.
 #[macro_export]
 macro_rules! kind_tests {
     ($fixture:expr) => {
-        kind_tests!(@each $fixture;
-            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
-            a_fair_hand_off_wakes_the_head_alone,
-            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+        behaviour_tests!(@each $fixture; behaviour::kinds;
+            alone fair_waiters_are_served_in_arrival_order, alone fair_lock_is_not_taken_past_the_queue,
+            alone a_fair_hand_off_wakes_the_head_alone,
+            alone fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            alone a_waiting_writer_is_not_starved, alone readers_woken_with_a_waiting_writer_let_it_go_first,
             a_writer_that_gives_up_keeps_no_reader_out, permits_admit_up_to_their_count,
             mismatched_kinds_are_config_errors, shares_renew_and_are_lost_each_on_their_own,
             nested_kinds_join_or_refuse, each_share_names_its_owner, each_permit_names_its_owner);
     };
     ($fixture:expr, redlock) => {
-        kind_tests!(@each $fixture;
-            fair_waiters_are_served_in_arrival_order, fair_lock_is_not_taken_past_the_queue,
-            fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
-            a_waiting_writer_is_not_starved, readers_woken_with_a_waiting_writer_let_it_go_first,
+        behaviour_tests!(@each $fixture; behaviour::kinds;
+            alone fair_waiters_are_served_in_arrival_order, alone fair_lock_is_not_taken_past_the_queue,
+            alone fair_waiters_that_give_up_leave_the_queue, shared_holders_overlap_and_exclude_a_writer,
+            alone a_waiting_writer_is_not_starved, alone readers_woken_with_a_waiting_writer_let_it_go_first,
             a_writer_that_gives_up_keeps_no_reader_out, nested_kinds_join_or_refuse,
             redlock_refuses_permits, each_share_names_its_owner);
-    };
-    (@each $fixture:expr; $($name:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let _turn = behaviour::turn(stringify!($name)).await;
-                let fx = $fixture;
-                behaviour::kinds::$name(&fx).await;
-            }
-        )*
     };
 }
