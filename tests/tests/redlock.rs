@@ -16,7 +16,7 @@ use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGua
 use lock_tests::{
     FaultProxy, KeyEvents, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker,
     assert_lost_at_the_deadline, await_waiter, bounded, default_validity, finish_all, history,
-    lock_keys, ms, unique_key, wait_until_async, warm_up,
+    key_exists, lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
@@ -802,7 +802,14 @@ async fn six_processes_through_the_attribute_count_exactly() {
 async fn fencing_tokens_grow_across_changing_quorums() {
     let masters = RedisMasters::start(5);
     let clients: Vec<LockClient> = (0..2)
-        .map(|_| LockClient::new(config(masters.urls()).fencing(true)).expect("valid config"))
+        .map(|i| {
+            LockClient::new(
+                config(masters.urls())
+                    .fencing(true)
+                    .owner(format!("client-{i}")),
+            )
+            .expect("valid config")
+        })
         .collect();
     let key = unique_key("redlock:fencing");
     let mut last = 0;
@@ -818,7 +825,28 @@ async fn fencing_tokens_grow_across_changing_quorums() {
             .wait(Duration::from_secs(5))
             .acquire()
             .await
-            .unwrap_or_else(|e| panic!("round {round} (nodes {a}, {b} frozen): {e}"));
+            .unwrap_or_else(|e| {
+                let lock = lock_keys(&key).lock;
+                let seen: Vec<String> = masters
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != a && *i != b)
+                    .map(|(i, node)| {
+                        let pttl: i64 = redis::cmd("PTTL")
+                            .arg(&lock)
+                            .query(&mut node.admin())
+                            .unwrap_or(-3);
+                        let value: Option<String> = redis::cmd("GET")
+                            .arg(&lock)
+                            .query(&mut node.admin())
+                            .unwrap_or(None);
+                        let owner = value.map(|v| v.chars().skip(32).collect::<String>());
+                        format!("node {i}: pttl {pttl} {owner:?}")
+                    })
+                    .collect();
+                panic!("round {round} (nodes {a}, {b} frozen): {e}; {seen:?}")
+            });
         let token = guard.fencing_token().expect("fencing is on");
         assert!(
             token > last,
@@ -1161,6 +1189,62 @@ async fn a_fair_waiter_giving_up_behind_a_frozen_gate_leaves_no_place_in_line() 
         assert_eq!(queued_at(node), 0, "a departed waiter is still in line");
     }
     got.release().await.unwrap();
+}
+
+/// Every `EVALSHA` node `node` ran or refused (`NOSCRIPT` counts as a failed call).
+fn evalsha_calls(node: &RedisServer) -> u64 {
+    ["calls", "failed_calls", "rejected_calls"]
+        .iter()
+        .map(|stat| node.command_stat("evalsha", stat))
+        .sum()
+}
+
+/// A node that never ran the release script (a fresh server) answers a release `NOSCRIPT`. When
+/// that answer comes after the release gave up on the node (here its replies are held back),
+/// nobody loads the script and sends the release again, and the grant its late acquire made just
+/// before, on the same connection, stayed for the whole ttl: a lock orphaned on a minority (with
+/// two other nodes frozen, nobody could take it; `fencing_tokens_grow_across_changing_quorums`
+/// failed so about one run in five). The release now carries the script's load until the node
+/// has answered it, so the grant goes as soon as the node runs the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answered_too_late_by_a_fresh_node_still_deletes_its_late_grant() {
+    let masters = RedisMasters::start(3);
+    let node = &masters.nodes[0];
+    let proxy = FaultProxy::start(node.port());
+    let mut urls = masters.urls();
+    urls[0] = proxy.url();
+    let client = redlock_client(urls);
+    let key = unique_key("redlock:noscript");
+    let lock = lock_keys(&key).lock;
+    // Connections up on every node; no release script ever ran on any of them.
+    assert!(client.inspect(&key).await.unwrap().is_none());
+    let (execs, scripts) = (node.command_calls("exec"), evalsha_calls(node));
+    proxy.set_blackhole_down(true);
+    let guard = client
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("nodes 1 and 2 are a majority");
+    wait_until_async(QUICK_REQUEST, "node 0 runs the acquire", || {
+        node.command_calls("exec") > execs
+    })
+    .await;
+    assert!(key_exists(node, &lock), "node 0 did not grant the lock");
+    guard.release().await.expect("nodes 1 and 2 release it");
+    // Node 0's release follows its acquire step, which gives up on the held reply after one
+    // request.
+    wait_until_async(
+        QUICK_REQUEST * 2 + SCHEDULING_SLACK,
+        "node 0 runs the release",
+        || evalsha_calls(node) > scripts,
+    )
+    .await;
+    assert!(
+        !key_exists(node, &lock),
+        "the late grant stays on node 0 after its release ran there"
+    );
+    proxy.set_blackhole_down(false);
 }
 
 /// The operations of one token reach each node in order, also when a gated attempt ends at the

@@ -221,6 +221,16 @@ local function permits_of(k)
 end
 ";
 
+/// The bit of a let-go script (a release or a keep: see `Calls::let_go`) in a set of loaded
+/// scripts; 0 for any other script, which is then never counted as loaded.
+pub(crate) fn let_go_bit(script: &Script) -> u32 {
+    let let_go: [&Script; 4] = [&RELEASE, &FAIR_RELEASE, &SHARED_RELEASE, &EXTEND];
+    let_go
+        .iter()
+        .position(|s| std::ptr::eq(*s, script))
+        .map_or(0, |i| 1 << i)
+}
+
 fn script(parts: &[&str]) -> Script {
     Script::new(&parts.concat())
 }

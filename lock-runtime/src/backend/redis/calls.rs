@@ -1,7 +1,7 @@
 //! The script and transaction calls on one Redis master, and the decoding of their replies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -50,6 +50,10 @@ pub(crate) struct Calls {
     /// With `min_replicas`, the connections grants and renewals (which end in `WAIT`) run on,
     /// one each; `None`: on the shared one (a cluster connection, which routes by slot).
     pub(super) waits: Option<WaitPool>,
+    /// The let-go scripts (see [`Calls::let_go`]) this server answered since its last failure,
+    /// one bit each ([`scripts::let_go_bit`]); `None` through a cluster connection, which routes
+    /// a `SCRIPT LOAD` apart from the call it should precede.
+    let_go_loaded: Option<AtomicU32>,
 }
 
 impl Calls {
@@ -62,6 +66,7 @@ impl Calls {
     ) -> Self {
         Calls {
             plain: AtomicBool::new(transactions && settings.min_replicas.is_none()),
+            let_go_loaded: transactions.then(|| AtomicU32::new(0)),
             fences: FencePaths::default(),
             waits: None,
             addr,
@@ -94,6 +99,52 @@ impl Calls {
             Ok(Err(err)) => Err(NodeFailure::from_redis(&self.addr, &err)),
             Err(_) => Err(NodeFailure::timeout(&self.addr, what)),
         }
+    }
+
+    /// Runs `invocation` of `script`, a call that must take effect even when its caller stops
+    /// waiting for it (a release, a withdrawal, a keep): until this server has answered `script`
+    /// since its last failure, `SCRIPT LOAD` goes ahead of the call in the same write. Otherwise
+    /// a server that has not loaded it (first use, a restart) answers `NOSCRIPT`, and when that
+    /// answer comes after the caller gave up (a frozen or slow server) nobody loads the script
+    /// and sends the call again: the release is lost, and a grant that landed before it on the
+    /// same connection stays for its whole ttl.
+    async fn let_go<C: Conn>(
+        &self,
+        conn: &C,
+        what: &str,
+        script: &Script,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<i64, NodeFailure> {
+        let mut conn = conn.clone();
+        let bit = scripts::let_go_bit(script);
+        let preload = self
+            .let_go_loaded
+            .as_ref()
+            .filter(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
+        let reply = match preload {
+            None => self.bounded(what, invocation.invoke_async(&mut conn)).await,
+            Some(_) => {
+                let mut pipe = redis::pipe();
+                pipe.load_script(script).ignore().invoke_script(invocation);
+                self.bounded(what, pipe.query_async::<(i64,)>(&mut conn))
+                    .await
+                    .map(|(value,)| value)
+            }
+        };
+        if let Some(loaded) = &self.let_go_loaded {
+            match &reply {
+                Ok(_) => {
+                    loaded.fetch_or(bit, Ordering::AcqRel);
+                }
+                // No answer, or a broken connection: the server may come back without its
+                // scripts (restarted behind a reconnect). Load them again with the next calls.
+                Err(failure) if failure.kind.may_have_applied() => {
+                    loaded.store(0, Ordering::Release);
+                }
+                Err(_) => {}
+            }
+        }
+        reply
     }
 
     /// Runs `invocation` and, with `min_replicas`, `WAIT` behind it in one pipeline on one
@@ -608,10 +659,11 @@ impl Calls {
                 String::new()
             }
         };
-        let mut invocation;
+        let (script, mut invocation): (&Script, _);
         match mode {
             Mode::Exclusive => {
-                invocation = scripts::RELEASE.prepare_invoke();
+                script = &*scripts::RELEASE;
+                invocation = script.prepare_invoke();
                 invocation.arg(token.as_str()).arg(self.publish);
                 for name in names {
                     let keys = self.lock_keys(name);
@@ -622,7 +674,8 @@ impl Calls {
                 // Always with its channel: leaving the queue may hand the lock to the next
                 // waiter, who must be woken.
                 let keys = self.lock_keys(&names[0]);
-                invocation = scripts::FAIR_RELEASE.prepare_invoke();
+                script = &*scripts::FAIR_RELEASE;
+                invocation = script.prepare_invoke();
                 invocation
                     .key(keys.of(KeyKind::Lock))
                     .key(keys.of(KeyKind::Fence))
@@ -634,7 +687,8 @@ impl Calls {
             }
             Mode::Shared | Mode::Permits(_) => {
                 let keys = self.lock_keys(&names[0]);
-                invocation = scripts::SHARED_RELEASE.prepare_invoke();
+                script = &*scripts::SHARED_RELEASE;
+                invocation = script.prepare_invoke();
                 invocation
                     .key(keys.of(KeyKind::Lock))
                     .arg(token.as_str())
@@ -642,10 +696,7 @@ impl Calls {
                     .arg(channel(&keys));
             }
         }
-        let mut conn = conn.clone();
-        let deleted: i64 = self
-            .bounded("release", invocation.invoke_async(&mut conn))
-            .await?;
+        let deleted = self.let_go(conn, "release", script, &invocation).await?;
         Ok(usize::try_from(deleted) == Ok(names.len()))
     }
 
@@ -664,9 +715,8 @@ impl Calls {
             invocation.key(self.lock_keys(name).of(KeyKind::Lock));
         }
         invocation.arg(token.as_str()).arg(millis_up(left));
-        let mut conn = conn.clone();
-        let kept: i64 = self
-            .bounded("release for min_hold", invocation.invoke_async(&mut conn))
+        let kept = self
+            .let_go(conn, "release for min_hold", &scripts::EXTEND, &invocation)
             .await?;
         Ok(kept == 1)
     }
