@@ -20,6 +20,7 @@ use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, ready};
 
 use tokio::runtime::{Handle, Runtime};
+use tokio_util::task::TaskTracker;
 
 use crate::LockError;
 use crate::callers::{self, Route, Routed};
@@ -42,6 +43,19 @@ static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
         .build()
         .map_err(|e| e.to_string())
 });
+
+/// Work that runs on although its caller may stop waiting: an acquire whose caller went away
+/// (its grant, or its cleanup, is still to come) and all work sent to a runtime given in the
+/// config. `shutdown` waits for it (see [`left_behind`]) before it waits for the releases, since
+/// it is what starts some of them.
+static LEFT_BEHIND: LazyLock<TaskTracker> = LazyLock::new(TaskTracker::new);
+
+/// Resolves once the work in [`LEFT_BEHIND`] has finished (the caller bounds the wait).
+pub(crate) async fn left_behind() {
+    LEFT_BEHIND.close();
+    LEFT_BEHIND.wait().await;
+    LEFT_BEHIND.reopen();
+}
 
 /// The library's own runtime.
 pub(crate) fn library_runtime() -> Result<&'static Handle, LockError> {
@@ -69,10 +83,14 @@ where
         // timers would panic; a task there fails cleanly instead.
         let work = work(Arc::clone(&gone));
         let (tx, rx) = tokio::sync::oneshot::channel();
-        runtime.spawn(async move {
-            // Whatever the caller no longer takes (say a guard) is dropped here, on the runtime.
-            let _ = tx.send(work.await);
-        });
+        LEFT_BEHIND.spawn_on(
+            async move {
+                // Whatever the caller no longer takes (say a guard) is dropped here, on the
+                // runtime.
+                let _ = tx.send(work.await);
+            },
+            runtime,
+        );
         let _raise_on_drop = RaiseOnDrop(gone);
         return rx.await.map_err(|_| stopped());
     }
@@ -175,9 +193,12 @@ impl<F: Future<Output: Send> + Send + 'static> Drop for InPlace<F> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
             self.gone.raise();
-            self.runtime.spawn(async move {
-                drop(work.await);
-            });
+            LEFT_BEHIND.spawn_on(
+                async move {
+                    drop(work.await);
+                },
+                &self.runtime,
+            );
         }
     }
 }

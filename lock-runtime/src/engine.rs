@@ -309,7 +309,8 @@ impl Engine {
 
     /// Releases every lock still held (their holders see them lost; one whose `min_hold` has not
     /// passed is left for the rest of it), refuses new ones, and waits up to one request timeout
-    /// for the releases still running. Locks let go before their `min_hold` passed are no longer
+    /// for the acquisitions whose callers went away (a grant that lands is given back) and the
+    /// releases still running. Locks let go before their `min_hold` passed are no longer
     /// held: they are left alone, and expire by themselves.
     pub(crate) async fn shutdown(self: Arc<Self>) {
         self.shut_down.store(true, Ordering::Release);
@@ -335,6 +336,8 @@ impl Engine {
             .connect_timeout
             .saturating_add(self.settings.response_timeout);
         let settled = async {
+            // First the calls whose callers went away: their grants and cleanups start releases.
+            bridge::left_behind().await;
             self.background.wait().await;
             self.backend.settled().await;
         };
