@@ -120,16 +120,15 @@ impl Calls {
         let preload = self
             .let_go_loaded
             .as_ref()
-            .filter(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
-        let reply = match preload {
-            None => self.bounded(what, invocation.invoke_async(&mut conn)).await,
-            Some(_) => {
-                let mut pipe = redis::pipe();
-                pipe.load_script(script).ignore().invoke_script(invocation);
-                self.bounded(what, pipe.query_async::<(i64,)>(&mut conn))
-                    .await
-                    .map(|(value,)| value)
-            }
+            .is_some_and(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
+        let reply = if preload {
+            let mut pipe = redis::pipe();
+            pipe.load_script(script).ignore().invoke_script(invocation);
+            self.bounded(what, pipe.query_async::<(i64,)>(&mut conn))
+                .await
+                .map(|(value,)| value)
+        } else {
+            self.bounded(what, invocation.invoke_async(&mut conn)).await
         };
         if let Some(loaded) = &self.let_go_loaded {
             match &reply {
