@@ -34,8 +34,8 @@ pub use harness::cluster::RedisCluster;
 pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, EtcdStore, etcd_key};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
-    BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, eventually, key_exists,
-    pause_writes, ping_error_code, wait_key_gone, warm_up,
+    BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, callers_connection,
+    eventually, key_exists, pause_writes, ping_error_code, wait_key_gone, warm_up,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::{SentinelOptions, SentinelSet};

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
-use lock_tests::{RedisServer, SCHEDULING_SLACK, bounded, unique_key, wait_until};
+use lock_tests::{
+    RedisServer, SCHEDULING_SLACK, bounded, callers_connection, unique_key, wait_until,
+};
 
 fn kill(server: &RedisServer, id: u64) {
     let killed: i64 = redis::cmd("CLIENT")
@@ -53,15 +55,7 @@ fn each_callers_runtime_has_its_own_connection_and_it_closes_with_the_runtime() 
     let client = LockClient::new(LockConfig::single(server.url())).unwrap();
     let key = unique_key("callers:own");
     let first = multi_thread();
-    first.block_on(pair(&client, &key)).unwrap();
-    wait_until(SETTLE, "the first runtime's connection is made", || {
-        server.client_ids().len() == 2
-    });
-    // Ids grow: the shared connection was made first.
-    let (shared, own) = match server.client_ids()[..] {
-        [a, b] => (a.min(b), a.max(b)),
-        ref other => panic!("two connections: {other:?}"),
-    };
+    let (shared, own) = first.block_on(callers_connection(&server, &client));
     kill(&server, shared);
     first.block_on(async {
         for _ in 0..20 {
@@ -169,10 +163,7 @@ fn a_lock_outlives_the_runtime_that_took_it() {
     let key = unique_key("callers:outlives");
     let ttl = Duration::from_secs(1);
     let first = multi_thread();
-    first.block_on(pair(&client, &key)).unwrap();
-    wait_until(SETTLE, "the first runtime's connection is made", || {
-        server.client_ids().len() == 2
-    });
+    first.block_on(callers_connection(&server, &client));
     let guard = first
         .block_on(client.lock(&key).ttl(ttl).acquire())
         .unwrap();
@@ -202,10 +193,7 @@ fn a_frozen_server_fails_a_call_over_a_runtimes_connection_in_time() {
     .unwrap();
     let key = unique_key("callers:frozen");
     let runtime = multi_thread();
-    runtime.block_on(pair(&client, &key)).unwrap();
-    wait_until(SETTLE, "the runtime's connection is made", || {
-        server.client_ids().len() == 2
-    });
+    runtime.block_on(callers_connection(&server, &client));
     server.freeze();
     let bound = timeout * 2 + SCHEDULING_SLACK;
     let started = std::time::Instant::now();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, LockConfig, LockError};
 use lock_tests::{
     CLEANUP_PAUSE, FaultProxy, KeyEvents, QUICK_REQUEST, RedisServer, SCHEDULING_SLACK, bounded,
-    client, default_validity, key_exists, lock_keys, ms, quick_client, unique_key, wait_key_gone,
-    wait_until, wait_until_async, warm_up,
+    callers_connection, client, default_validity, key_exists, lock_keys, ms, quick_client,
+    unique_key, wait_key_gone, wait_until_async, warm_up,
 };
 
 fn exists(admin: &mut redis::Connection, key: &str) -> bool {
@@ -55,10 +55,7 @@ async fn unknown_outcome_leaves_no_orphan(callers_own: bool) {
     warm_up(&locks).await;
     if callers_own {
         // The shared connection and the runtime's own: nothing else has connected yet.
-        let made = || server.client_ids().len() == 2;
-        tokio::task::block_in_place(|| {
-            wait_until(Duration::from_secs(2), "the runtime's connection", made)
-        });
+        callers_connection(&server, &locks).await;
     }
     let events = KeyEvents::watch(&server, &lock);
 

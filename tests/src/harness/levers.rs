@@ -278,6 +278,42 @@ pub async fn warm_up(locks: &lock_runtime::LockClient) -> String {
     key
 }
 
+/// Waits until the calling runtime's own connection to `server` (see `callers.rs`) carries its
+/// calls on `locks`, and returns its id and the shared connection's: `(shared, own)`. Call it
+/// from a multi-thread runtime, on a server that only `locks` connects to.
+///
+/// The first call goes over the shared connection and starts making the runtime's own in the
+/// background. The server lists that one before its maker hands it over (its handshake is still
+/// on the way), so this waits until one of the runtime's calls ran a script over it.
+pub async fn callers_connection(
+    server: &RedisServer,
+    locks: &lock_runtime::LockClient,
+) -> (u64, u64) {
+    const SETTLE: Duration = Duration::from_secs(2);
+    let clients = || tokio::task::block_in_place(|| server.clients());
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        warm_up(locks).await;
+        let clients = clients();
+        // Ids grow: the shared connection was made first.
+        if let [(shared, _), (own, cmd)] = &clients[..]
+            && shared < own
+            && cmd.starts_with("eval")
+        {
+            return (*shared, *own);
+        }
+        assert!(
+            clients.len() <= 2,
+            "only the shared connection and the runtime's: {clients:?}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runtime's own connection carries its calls: not so after {SETTLE:?}: {clients:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// `f()` run on a thread of its own; panics when it takes longer than `limit` (the thread is
 /// left behind, blocked): for sync calls that must answer, not hang.
 pub fn bounded_blocking<T: Send + 'static>(

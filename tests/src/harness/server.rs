@@ -158,6 +158,12 @@ impl RedisServer {
     /// The ids of the clients connected (`CLIENT LIST`), but the one asking; ids grow with each
     /// connection.
     pub fn client_ids(&self) -> Vec<u64> {
+        self.clients().into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// The clients connected (`CLIENT LIST`), but the one asking: each one's id and the last
+    /// command it ran (`cmd=`, lowercase, e.g. `evalsha`).
+    pub fn clients(&self) -> Vec<(u64, String)> {
         let mut admin = self.admin();
         let mut asked = || -> redis::RedisResult<(u64, String)> {
             let me = redis::cmd("CLIENT").arg("ID").query(&mut admin)?;
@@ -167,8 +173,14 @@ impl RedisServer {
         let (me, list) =
             asked().unwrap_or_else(|e| panic!("CLIENT LIST on port {} failed: {e}", self.port));
         list.lines()
-            .filter_map(|line| line.strip_prefix("id=")?.split(' ').next()?.parse().ok())
-            .filter(|id| *id != me)
+            .filter_map(|line| {
+                let field = |name: &str| {
+                    line.split(' ')
+                        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                };
+                Some((field("id")?.parse().ok()?, field("cmd")?.to_owned()))
+            })
+            .filter(|(id, _)| *id != me)
             .collect()
     }
 
