@@ -131,8 +131,10 @@ impl Soon {
 /// each wake-up after one it lost doubles a window, from [`Herd::FIRST`] up to [`Herd::CAP`],
 /// in which it waits a random time: woken waiters spread out, and the lock mostly stays with
 /// whoever asks first, at the rate of a release and a grant. A waiter that has waited for
-/// [`Herd::STARVING`] answers every wake-up at once again (as Go's `sync.Mutex` hands the lock
-/// to a waiter that waited past a threshold), which keeps its wait bounded.
+/// [`Herd::STARVING`] answers every wake-up at once again; where the backend lets it, it also
+/// takes a place in the lock's queue, and the next release hands it the lock (as Go's
+/// `sync.Mutex` hands the lock to a waiter that waited past a threshold), which keeps its wait
+/// bounded.
 #[derive(Debug)]
 struct Herd {
     window: Duration,
@@ -140,18 +142,26 @@ struct Herd {
     woken: bool,
     /// When the first pause began.
     since: Option<Instant>,
+    /// Whether the waiter takes a place in the lock's queue once it starves (see
+    /// [`queues_when_starving`]): then, once it lost a wake-up, it waits for that instead.
+    queues: bool,
 }
 
 impl Herd {
     const FIRST: Duration = Duration::from_micros(500);
     const CAP: Duration = Duration::from_millis(4);
     const STARVING: Duration = Duration::from_millis(10);
+    /// How long the place of a waiter that queues because it starves lives past its last
+    /// attempt (at most the ttl), renewed three times as often: a waiter that dies there holds
+    /// up the lock at most this long after a release hands it the lock.
+    const STARVING_LEASE: Duration = Duration::from_secs(3);
 
-    fn new() -> Self {
+    fn new(queues: bool) -> Self {
         Herd {
             window: Duration::ZERO,
             woken: false,
             since: None,
+            queues,
         }
     }
 
@@ -163,6 +173,12 @@ impl Herd {
         }
         if now.saturating_duration_since(since) >= Self::STARVING {
             return Duration::ZERO;
+        }
+        if self.queues && !self.window.is_zero() {
+            // It lost a wake-up to a newcomer: attempts on more wake-ups would mostly lose too
+            // (each costs the server a request), while its place in the queue, taken when the
+            // pause ends at the threshold, wins for sure.
+            return Duration::MAX;
         }
         self.window.mul_f64(fastrand::f64())
     }
@@ -259,6 +275,7 @@ impl<'a> NotifyOrBackoff<'a> {
         backend: &'a Backend,
         wakers: &'a Arc<WakeRegistry>,
         names: &'a Names,
+        mode: Mode,
         settings: &Settings,
     ) -> Self {
         NotifyOrBackoff {
@@ -267,7 +284,7 @@ impl<'a> NotifyOrBackoff<'a> {
             names,
             backoff: Backoff::new(settings),
             soon: Soon::new(settings),
-            herd: Herd::new(),
+            herd: Herd::new(queues_when_starving(backend, names, mode)),
             watch: None,
         }
     }
@@ -298,7 +315,13 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         };
         let now = Instant::now();
         let wake_at = cap(now, nap, until);
-        let after_wake = self.herd.next_delay(now);
+        // A waiter with a place in the queue answers every wake-up at once: a release that does
+        // not name it finds the queue empty, so the lock is free for it.
+        let after_wake = if ticket.is_some() {
+            Duration::ZERO
+        } else {
+            self.herd.next_delay(now)
+        };
         let herd = &mut self.herd;
         let (backend, wakers, names) = (self.backend, self.wakers, self.names);
         let w = self
@@ -340,6 +363,16 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
     }
 }
 
+/// Whether a waiter for `names` as `mode` takes a place in the lock's fair queue once it waited
+/// past [`Herd::STARVING`], and is then handed the lock by its next release (see
+/// [`Node::queues_starving_waiters`](crate::backend::Node::queues_starving_waiters)). A waiter
+/// of a default (unfair) lock lets newcomers barge in, which keeps a lock that its releaser takes
+/// again at the rate of one caller's loop; the queue keeps its wait bounded (as Go's
+/// `sync.Mutex` hands the lock to a waiter that waited past a threshold).
+pub(crate) fn queues_when_starving(backend: &Backend, names: &Names, mode: Mode) -> bool {
+    mode == Mode::Exclusive && names.len() == 1 && backend.queues_starving_waiters()
+}
+
 /// `now + d`, but not past `until`, and never overflowing.
 fn cap(now: Instant, d: Duration, until: Option<Instant>) -> Instant {
     let at = now.checked_add(d);
@@ -368,9 +401,13 @@ pub(crate) async fn acquire(
     // Set once an attempt's outcome is unknown (timeout, broken connection): the lock may be
     // ours on the server, so a failed call must release by token before returning.
     let mut unsure = false;
+    // Set once an attempt's outcome was unknown: the waiter no longer queues when it starves (a
+    // place that landed late, after its call gave up, would be handed the lock; a grant is
+    // cleaned up by token, a place left that way only when its lease ends).
+    let mut unknown = false;
     let mut final_try = false;
-    // When the last attempt that renewed our place in a fair queue started: a lock handed to us
-    // lives until that place's lease ends, one ttl after it.
+    // When the last attempt that renewed our place in a fair queue started, and the place's
+    // lease then: a lock handed to us lives until that lease ends.
     let mut queued_at = None;
     // Whether a release's message may stand for the grant: it is one node's word, unreplicated.
     // Under Redlock a majority must grant it, with `min_replicas` replicas must acknowledge it,
@@ -378,6 +415,7 @@ pub(crate) async fn acquire(
     // `Node::hand_off_is_a_grant`), so those ask again (the attempt finds the lock theirs).
     let take_word = matches!(backend, Backend::One(node) if node.hand_off_is_a_grant())
         && settings.min_replicas.is_none();
+    let may_queue = queues_when_starving(backend, &req.names, req.mode);
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
     // The promise: an acquire answers within its wait plus one request timeout, whatever the
     // servers do.
@@ -393,6 +431,9 @@ pub(crate) async fn acquire(
         } else {
             Instant::now()
         };
+        let starving = may_queue
+            && !unknown
+            && attempt_start.saturating_duration_since(started) >= Herd::STARVING;
         let ask = Ask {
             ttl: req.ttl,
             fencing: req.fencing,
@@ -402,6 +443,12 @@ pub(crate) async fn acquire(
                 .give_up
                 .map_or(req.ttl, |g| g.saturating_duration_since(attempt_start))
                 .min(req.ttl),
+            lease: if starving {
+                Herd::STARVING_LEASE.min(req.ttl)
+            } else {
+                req.ttl
+            },
+            starving,
         };
         // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
         // `min_replicas` or a fence seeding failed, Cluster's slot groups): it is cut at the
@@ -451,7 +498,7 @@ pub(crate) async fn acquire(
                 // (which also passes on a lock handed to it meanwhile).
                 unsure |= ticket.is_some();
                 if ticket.is_some() {
-                    queued_at = Some(attempt_start);
+                    queued_at = Some((attempt_start, ask.lease));
                 }
                 if past(now) {
                     break Err(LockError::Contended {
@@ -459,9 +506,14 @@ pub(crate) async fn acquire(
                         waited: now - started,
                     });
                 }
-                // A waiter's queue entry or writer mark lives one ttl unless the next attempt
-                // renews it: attempt at least three times per ttl.
-                let until = Some(cap(now, req.ttl / 3, req.give_up));
+                // A waiter's queue entry or writer mark lives one ttl (or lease) unless the
+                // next attempt renews it: attempt at least three times per lease; and once more
+                // when the waiter starves, to take its place in the queue.
+                let mut until = cap(now, ask.lease / 3, req.give_up);
+                if may_queue && !unknown && !starving {
+                    until = until.min(started + Herd::STARVING);
+                }
+                let until = Some(until);
                 let told = tokio::select! {
                     told = strategy.pause(pttl, ticket, until) => told,
                     () = caller_gone.raised() => {
@@ -482,7 +534,8 @@ pub(crate) async fn acquire(
             }
             Err(failures) => failures,
         };
-        unsure |= failures.iter().any(|f| f.kind.may_have_applied());
+        unknown |= failures.iter().any(|f| f.kind.may_have_applied());
+        unsure |= unknown;
         let retry = failures.iter().all(|f| f.kind.is_transient());
         if !retry || final_try {
             break Err(unavailable(&req.names[0], failures));
@@ -530,6 +583,8 @@ pub(crate) fn acquire_at_once(
         mode: req.mode,
         queue: false,
         waits: Duration::ZERO,
+        lease: req.ttl,
+        starving: false,
     };
     let Attempt::Acquired { fences } = node.acquire_at_once(&req.names, &token, ask, now) else {
         return None;
@@ -554,19 +609,21 @@ pub(crate) fn acquire_at_once(
 
 /// The lock a fair release handed to us, as its message `told` us, without asking the server
 /// again: when the message names our token, carries the fence we need (when fencing), and the
-/// place in the queue it was handed on (renewed by the attempt that started at `queued_at`) is
-/// still valid for a while. Otherwise `None`, and the next attempt finds the lock ours.
+/// place in the queue it was handed on (renewed by the attempt that started at `queued_at`, with
+/// its lease) is still valid for a while. Otherwise `None`, and the next attempt finds the lock
+/// ours.
 fn handed_to_us(
     req: &Request,
     settings: &Settings,
     token: &Token,
     told: HandOff,
-    queued_at: Option<Instant>,
+    queued_at: Option<(Instant, Duration)>,
 ) -> Option<Granted> {
     if told.digest != token.digest() || (req.fencing && told.fence == 0) {
         return None;
     }
-    let valid_until = queued_at? + req.ttl.saturating_sub(settings.drift(req.ttl));
+    let (at, lease) = queued_at?;
+    let valid_until = at + lease.saturating_sub(settings.drift(lease));
     let now = Instant::now();
     (valid_until > now).then(|| Granted {
         token: token.clone(),
@@ -600,7 +657,7 @@ mod tests {
     #[test]
     fn woken_waiters_answer_at_once_then_spread_out_until_they_starve() {
         let start = Instant::now();
-        let mut herd = Herd::new();
+        let mut herd = Herd::new(false);
         assert_eq!(herd.next_delay(start), Duration::ZERO, "a first wake-up");
         // Each wake-up the waiter lost doubles its window, up to the cap.
         let windows = [500, 1000, 2000, 4000, 4000];
@@ -613,6 +670,25 @@ mod tests {
         // Not woken (its pause ran out): the window stays.
         assert!(herd.next_delay(start + Duration::from_millis(2)) <= Herd::CAP);
         assert_eq!(herd.window, Herd::CAP);
+        herd.woken = true;
+        assert_eq!(
+            herd.next_delay(start + Herd::STARVING),
+            Duration::ZERO,
+            "a starving waiter answers at once"
+        );
+    }
+
+    #[test]
+    fn a_waiter_that_queues_when_starving_stops_answering_wake_ups_once_it_lost_one() {
+        let start = Instant::now();
+        let mut herd = Herd::new(true);
+        assert_eq!(herd.next_delay(start), Duration::ZERO, "a first wake-up");
+        herd.woken = true;
+        assert_eq!(
+            herd.next_delay(start + Duration::from_millis(1)),
+            Duration::MAX,
+            "after a lost wake-up: until its pause ends at the threshold"
+        );
         herd.woken = true;
         assert_eq!(
             herd.next_delay(start + Herd::STARVING),

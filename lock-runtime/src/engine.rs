@@ -168,8 +168,13 @@ impl Engine {
         req: Request,
         caller_gone: Arc<Signal>,
     ) -> Result<Arc<Hold>, LockError> {
-        let mut strategy =
-            NotifyOrBackoff::new(&self.backend, &self.wakers, &req.names, &self.settings);
+        let mut strategy = NotifyOrBackoff::new(
+            &self.backend,
+            &self.wakers,
+            &req.names,
+            req.mode,
+            &self.settings,
+        );
         let ended = acquire::acquire(
             &self.backend,
             &self.settings,

@@ -219,6 +219,14 @@ impl NodeFailure {
                 _ => match err.code() {
                     Some("NOAUTH" | "WRONGPASS") => FailureKind::Auth,
                     Some("NOPERM") => FailureKind::Permission,
+                    // A script's command the ACL refuses (Redis 7.0 answers `ERR`, not `NOPERM`).
+                    Some("ERR")
+                        if err
+                            .detail()
+                            .is_some_and(|d| d.contains("can't run this command")) =>
+                    {
+                        FailureKind::Permission
+                    }
                     // READONLY: a demoted master (Sentinel failover); the client finds the new one.
                     Some(
                         "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY",

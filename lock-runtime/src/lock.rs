@@ -170,7 +170,11 @@ impl Lock {
     }
 
     /// Whether waiters are granted the lock in the order they arrived (default: false, where a
-    /// release wakes every waiter and the quickest wins). A fair waiter holds a place in the
+    /// release wakes every waiter and the quickest wins, newcomers included: a caller that takes
+    /// the lock again right after its release keeps it at the rate of its loop). Even then a
+    /// wait stays bounded on one Redis node, Sentinel and Cluster: a waiter of one key that has
+    /// waited 10 ms takes a place in the key's queue, as a fair waiter does, and the next
+    /// release hands it the lock. A fair waiter holds a place in the
     /// key's queue, renewed by its attempts while it waits: one that crashes leaves the queue
     /// within its `ttl`, one that gives up or is cancelled leaves at once. A release hands the
     /// lock to the first waiter on the server and wakes that waiter alone. One key; every caller

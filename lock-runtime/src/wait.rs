@@ -136,7 +136,7 @@ impl WakeHandle {
     }
 
     /// From now on only releases handed to `ticket`, or to nobody in particular, wake this
-    /// handle (`None`: every release).
+    /// handle (`None`: every release but those whose message handed the lock to a waiter).
     pub(crate) fn set_ticket(&mut self, ticket: Option<u64>) {
         self.ticket = ticket;
     }
@@ -154,20 +154,22 @@ impl WakeHandle {
             let new = last.count.wrapping_sub(self.seen);
             let first = self.seen.wrapping_add(1);
             self.seen = last.count;
-            let mine = self.ticket?;
             if new > RECENT as u64 {
                 return None;
             }
             let handed =
                 (0..new).map(|i| last.recent[(first.wrapping_add(i) % RECENT as u64) as usize]);
-            let mut for_everyone = false;
+            let mut for_me = false;
             for h in handed {
-                if h.ticket == mine {
-                    return h.hand_off;
+                match self.ticket {
+                    Some(mine) if h.ticket == mine => return h.hand_off,
+                    Some(_) => for_me |= h.ticket == 0,
+                    // A lock handed to a waiter (its release said so) is held again: a waiter
+                    // without a ticket sleeps through it.
+                    None => for_me |= h.hand_off.is_none(),
                 }
-                for_everyone |= h.ticket == 0;
             }
-            if for_everyone {
+            if for_me {
                 return None;
             }
         }
@@ -274,6 +276,30 @@ mod tests {
         // A release for nobody in particular wakes it too.
         handle.mark_seen();
         registry.notify("f");
+        tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by a plain release"));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_without_a_ticket_sleeps_through_hand_offs() {
+        let registry = Arc::new(WakeRegistry::default());
+        let mut handle = registry.watch("h");
+        handle.mark_seen();
+        let hand_off = HandOff {
+            fence: 1,
+            digest: 2,
+        };
+        registry.notify_for("h", 3, Some(hand_off));
+        let early = futures_util::FutureExt::now_or_never(handle.released());
+        assert!(early.is_none(), "woken by a lock handed to ticket 3");
+        // A queue's head named without a hand-off (etcd: it may take the lock now) wakes it.
+        registry.notify_for("h", 4, None);
+        tokio::time::timeout(Duration::from_secs(5), handle.released())
+            .await
+            .unwrap_or_else(|_| panic!("not woken by a new head of the queue"));
+        handle.mark_seen();
+        registry.notify("h");
         tokio::time::timeout(Duration::from_secs(5), handle.released())
             .await
             .unwrap_or_else(|_| panic!("not woken by a plain release"));

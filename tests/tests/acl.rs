@@ -119,3 +119,61 @@ async fn a_refused_transaction_is_tried_once() {
         assert_eq!(transactions_tried(&server), 1, "without{missing}");
     }
 }
+
+/// How many script runs failed for another reason than a script the server did not have (a
+/// `NOSCRIPT` counts as a failed call too): here, a command the ACL refuses inside a script.
+fn refused_scripts(server: &RedisServer) -> u64 {
+    let noscript = server
+        .info("errorstats")
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_NOSCRIPT:count="))
+        .map_or(0, |n| n.trim().parse::<u64>().unwrap());
+    server.command_stat("evalsha", "failed_calls") + server.command_stat("eval", "failed_calls")
+        - noscript
+}
+
+/// Where the ACL refuses the fair queue's sorted-set commands, a plain lock's waiter that starves
+/// (waits past 10 ms) cannot take a place in the queue: refused once, it goes on waiting as a
+/// plain waiter and gets the lock when the holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starving_waiter_refused_the_queue_still_gets_a_plain_lock() {
+    let rule = ACL_RULE
+        .split(' ')
+        .filter(|part| !part.starts_with("+z"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let server = server_with(&rule);
+    let url = server.url_as("locker", "lockpw");
+    let holder = LockClient::new(LockConfig::single(url.clone())).unwrap();
+    let waiter = LockClient::new(LockConfig::single(url)).unwrap();
+    let key = lock_tests::unique_key("acl:starving");
+    let held = holder.lock(&key).acquire().await.unwrap();
+    let before = refused_scripts(&server);
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock(&key)
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        })
+    };
+    lock_tests::wait_until_async(
+        Duration::from_secs(2),
+        "the queueing attempt refused",
+        || refused_scripts(&server) > before,
+    )
+    .await;
+    held.release().await.unwrap();
+    let guard = bounded(Duration::from_secs(6), "the waiter", waiting)
+        .await
+        .unwrap()
+        .expect("the waiter refused the queue gets the lock");
+    guard.release().await.unwrap();
+    assert_eq!(
+        refused_scripts(&server),
+        before + 1,
+        "the queue is asked for once, then never again"
+    );
+}

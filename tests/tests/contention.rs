@@ -5,12 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    FaultProxy, RedisServer, await_waiter, bounded, client, lock_keys, unique_key, wait_until_async,
+    CLEANUP_PAUSE, FaultProxy, RedisServer, SCHEDULING_SLACK, await_waiter, bounded, client,
+    lock_keys, unique_key, wait_until_async, warm_up,
 };
 
 /// A waiter on a lock that stays held sleeps between attempts (jittered backoff up to 8x
@@ -139,4 +140,124 @@ async fn client_kill_of_the_notification_connection_does_not_strand_a_waiter() {
         .release()
         .await
         .unwrap();
+}
+
+/// How long a waiter of a default lock lets newcomers barge in before it takes a place in the
+/// lock's queue (the library's threshold, `Herd::STARVING` in `acquire.rs`).
+const STARVING: Duration = Duration::from_millis(10);
+
+/// A holder that takes its lock again as soon as it lets go (a loop with a 50 ms section) still
+/// loses it to a waiter within a bounded wait. The waiter sits behind a link 20 ms each way, so
+/// every attempt it makes on a release's wake-up reaches the server 40 ms after that release,
+/// long after the loop took the lock again (one round trip later): the lock is free for a
+/// fraction of a millisecond per 50 ms, and its retry timer (1 s) never fires within the wait.
+/// Past its threshold the waiter queues, and the loop's next release hands it the lock: within
+/// its first attempt (two links), the threshold, a release's wake-up (one section and one link),
+/// its queueing attempt (two links), the next release and its message (one section and one
+/// link), and slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_handed_a_lock_that_its_holder_keeps_taking_again() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let key = unique_key("contention:barged");
+    let looper = client(LockConfig::single(server.url()));
+    let waiter = client(LockConfig::single(proxy.url()).retry_delay(Duration::from_secs(1)));
+    // Before the link slows down: the waiter's connections made (for commands and release
+    // notifications) and the scripts it uses loaded, by a wait of its own past the threshold.
+    warm_up(&waiter).await;
+    let warm = unique_key("contention:warm");
+    let other = looper.lock(&warm).acquire().await.unwrap();
+    let waited = waiter.lock(&warm).wait(STARVING * 5).acquire().await;
+    assert!(
+        matches!(waited, Err(LockError::Contended { .. })),
+        "{waited:?}"
+    );
+    other.release().await.unwrap();
+    let (link, section) = (Duration::from_millis(20), Duration::from_millis(50));
+    proxy.set_delay(link);
+    let stop = Arc::new(AtomicBool::new(false));
+    let releases = Arc::new(AtomicUsize::new(0));
+    let mut held = looper.lock(&key).acquire().await.unwrap();
+    let looping = {
+        let (key, stop, releases) = (key.clone(), Arc::clone(&stop), Arc::clone(&releases));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                // The critical section's work, not a wait for anything.
+                tokio::time::sleep(section).await;
+                held.release().await?;
+                releases.fetch_add(1, Ordering::SeqCst);
+                held = looper
+                    .lock(&key)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await?;
+            }
+            held.release().await
+        })
+    };
+    let bound = STARVING + section * 2 + link * 6 + SCHEDULING_SLACK;
+    let started = Instant::now();
+    let result = waiter.lock(&key).wait(bound).acquire().await;
+    let took = started.elapsed();
+    let during = releases.load(Ordering::SeqCst);
+    let guard = result.unwrap_or_else(|e| {
+        panic!("not handed the lock within {bound:?}, while the loop let go {during} times: {e}")
+    });
+    eprintln!("handed the lock after {took:?}; the loop let go {during} times meanwhile");
+    assert!(
+        during >= 2,
+        "the loop let go and took the lock again while the waiter waited: {during} releases"
+    );
+    stop.store(true, Ordering::SeqCst);
+    guard.release().await.unwrap();
+    bounded(Duration::from_secs(5), "the loop ends", looping)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// A waiter that took a place in the queue and then gave up leaves it: the lock's release then
+/// frees the lock for anyone instead of handing it to the waiter that left (which would keep it
+/// from everyone for the rest of the place's lease, one ttl).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_its_place_in_the_queue() {
+    let server = RedisServer::start();
+    let key = unique_key("contention:left");
+    let keys = lock_keys(&key);
+    let holder = client(LockConfig::single(server.url()));
+    // Attempts by timer, every few milliseconds: the second one is past the threshold.
+    let waiter = client(LockConfig::single(server.url()).retry_delay(Duration::from_millis(5)));
+    let held = holder.lock(&key).acquire().await.unwrap();
+    let wait = Duration::from_millis(300);
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move { waiter.lock(&key).wait(wait).acquire().await.map(drop) })
+    };
+    let queued = || -> i64 {
+        redis::cmd("ZCARD")
+            .arg(&keys.queue)
+            .query(&mut server.admin())
+            .unwrap()
+    };
+    wait_until_async(wait, "the waiter queued past its threshold", || {
+        queued() == 1
+    })
+    .await;
+    let result = bounded(wait + SCHEDULING_SLACK, "the waiter gives up", waiting)
+        .await
+        .unwrap();
+    assert!(
+        matches!(result, Err(LockError::Contended { .. })),
+        "{result:?}"
+    );
+    wait_until_async(CLEANUP_PAUSE, "the waiter left the queue", || queued() == 0).await;
+    held.release().await.unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query(&mut server.admin())
+        .unwrap();
+    assert!(
+        !exists,
+        "the release handed the lock to the waiter that left"
+    );
 }

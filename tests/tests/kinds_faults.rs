@@ -1,5 +1,6 @@
 //! Fair, shared and permit locks on a single Redis node under faults: the node frozen while one
-//! is held, a permit's holder process killed, a fair waiter's process killed while it queues.
+//! is held, a permit's holder process killed, a fair waiter's (or a starving default waiter's)
+//! process killed while it queues.
 //! Rows of the fault table in `lock-runtime/FAULTS.md`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -186,5 +187,42 @@ async fn a_killed_fair_waiter_leaves_the_line_within_its_ttl() {
          after the kill"
     );
     assert_taken_when_the_lease_ran_out("the lock behind a dead fair waiter", took, left);
+    guard.release().await.unwrap();
+}
+
+/// A default lock's waiter that queued because it starved (it waited past 10 ms), its process
+/// then killed: the holder's release hands the lock to its place, which lives 3 s past its last
+/// attempt (not the lock's ttl, 30 s here), so the waiter behind it gets the lock when that short
+/// lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_starving_waiter_holds_up_a_default_lock_only_for_its_short_lease() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let behind = client(LockConfig::single(server.url()));
+    let (ttl, lease) = (Duration::from_secs(30), Duration::from_secs(3));
+    let key = unique_key("kinds:starving-waiter-killed");
+    let held = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let mut dead = holder(&server, &key, ttl, Kind::Exclusive);
+    until_queued(&locks, &key, 1).await;
+    dead.kill();
+    let left = leases_left(&server, &lock_keys(&key).queue_leases)[0];
+    assert!(left <= lease, "the starving waiter's place lives {left:?}");
+    let killed = Instant::now();
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move { behind.lock(&key).ttl(ttl).wait(lease * 3).acquire().await })
+    };
+    until_queued(&locks, &key, 2).await;
+    held.release().await.unwrap();
+    let guard = bounded(lease * 4, "the waiter behind", waiter)
+        .await
+        .unwrap()
+        .expect("the waiter behind a dead one never got the lock");
+    let took = killed.elapsed();
+    eprintln!(
+        "killed starving waiter: its place had {left:?} left; the one behind it got the lock \
+         {took:?} after the kill"
+    );
+    assert_taken_when_the_lease_ran_out("the lock behind a dead starving waiter", took, left);
     guard.release().await.unwrap();
 }

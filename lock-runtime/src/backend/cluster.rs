@@ -278,6 +278,10 @@ impl ClusterNode {
 }
 
 impl Node for ClusterNode {
+    fn queues_starving_waiters(&self) -> bool {
+        self.calls.queues_starving_waiters()
+    }
+
     fn hand_off_is_a_grant(&self) -> bool {
         false
     }

@@ -320,7 +320,7 @@ fn fair(state: &mut State, name: &Arc<str>, token: &Token, ask: Ask, now: Instan
         .and_then(|q| q.iter().find(|w| w.token == *token))
         .map(|w| w.ticket);
     if ask.queue {
-        let expires = until(now, ask.ttl);
+        let expires = until(now, ask.lease);
         match ticket {
             Some(_) => {
                 if let Some(w) = state

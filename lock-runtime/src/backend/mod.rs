@@ -115,6 +115,13 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
     fn hand_off_is_a_grant(&self) -> bool {
         true
     }
+
+    /// Whether a waiter of an exclusive lock of one key that has waited past its threshold (see
+    /// `acquire.rs`, [`Ask::starving`]) takes a place in the lock's fair queue, which the lock's
+    /// next release then honours by handing it the lock (Redis: `scripts::EXCLUSIVE_RELEASE`).
+    fn queues_starving_waiters(&self) -> bool {
+        false
+    }
 }
 
 /// The requests of a node that answers at once (see [`Node::at_once`]): the same as
@@ -219,6 +226,15 @@ pub(crate) struct Ask {
     /// How much longer the caller waits if refused, at most `ttl` (zero when it does not): a
     /// writer's mark lives that long, so a writer whose wait runs out keeps no reader out after.
     pub(crate) waits: Duration,
+    /// How long a place in a fair queue taken or renewed by this attempt lives unless the next
+    /// attempt renews it, at most `ttl`: a lock handed to the place lives the rest of it. `ttl`
+    /// for a fair waiter; shorter for a default lock's waiter that queues because it starves
+    /// (see `acquire.rs`), so that one that dies there holds up the lock less.
+    pub(crate) lease: Duration,
+    /// A waiter of a default (exclusive, one key) lock past its threshold (see `acquire.rs`):
+    /// a node that can (see [`Node::queues_starving_waiters`]) asks as a fair waiter does, which
+    /// gives it a place in the lock's queue.
+    pub(crate) starving: bool,
 }
 
 /// How many bytes of a holder value are the secret: a token's 32 hex digits.
@@ -399,6 +415,15 @@ impl Backend {
         match self {
             Backend::One(node) => node.addr(),
             Backend::Quorum(_) => "quorum",
+        }
+    }
+
+    /// See [`Node::queues_starving_waiters`]: never under Redlock, whose fair queue lives on
+    /// one node while its releases go to every node.
+    pub(crate) fn queues_starving_waiters(&self) -> bool {
+        match self {
+            Backend::One(node) => node.queues_starving_waiters(),
+            Backend::Quorum(_) => false,
         }
     }
 

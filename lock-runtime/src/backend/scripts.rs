@@ -224,7 +224,13 @@ end
 /// The bit of a let-go script (a release or a keep: see `Calls::let_go`) in a set of loaded
 /// scripts; 0 for any other script, which is then never counted as loaded.
 pub(crate) fn let_go_bit(script: &Script) -> u32 {
-    let let_go: [&Script; 4] = [&RELEASE, &FAIR_RELEASE, &SHARED_RELEASE, &EXTEND];
+    let let_go: [&Script; 5] = [
+        &RELEASE,
+        &EXCLUSIVE_RELEASE,
+        &FAIR_RELEASE,
+        &SHARED_RELEASE,
+        &EXTEND,
+    ];
     let_go
         .iter()
         .position(|s| std::ptr::eq(*s, script))
@@ -236,12 +242,13 @@ fn script(parts: &[&str]) -> Script {
 }
 
 /// A fair lock. KEYS: lock, fence, queue, queue leases. ARGV: token, ttl_ms, fencing ("1" or
-/// "0"), queue ("1": the caller waits if refused).
+/// "0"), queue ("1": the caller waits if refused), lease_ms (how long the caller's place lives
+/// unless renewed, at most ttl_ms).
 ///
 /// The lock is granted when it is free and the caller is first in the queue (or the queue is
 /// empty), or when a release already handed it to the caller. Otherwise a waiting caller joins
 /// the queue (its ticket is its arrival time on the server, in microseconds) or renews its entry's
-/// lease to `ttl`; an entry whose lease runs out leaves the queue.
+/// lease to `lease_ms`; an entry whose lease runs out leaves the queue.
 /// Returns `{1, fence}` when granted, `{0, 1, pttl, ticket}` when not (ticket 0: not queued),
 /// `{2, 1, n}` when the key holds a shared lock (`n` 0) or a semaphore of `n` permits.
 pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -252,7 +259,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         PERMITS_OF,
         PURGE_QUEUE,
         r"
-local token, ttl = ARGV[1], tonumber(ARGV[2])
+local token, ttl, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local holder = redis.pcall('GET', K)
 if type(holder) == 'table' then
   if redis.call('TYPE', K).ok ~= 'zset' then return holder end
@@ -274,9 +281,9 @@ if ARGV[4] == '1' then
     ticket = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     redis.call('ZADD', Q, ticket, token)
   end
-  redis.call('ZADD', E, now + ttl, token)
+  redis.call('ZADD', E, now + lease, token)
   for _, k in ipairs({Q, E}) do
-    if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+    if redis.call('PTTL', k) < lease then redis.call('PEXPIRE', k, lease) end
   end
 end
 local pttl
@@ -289,6 +296,47 @@ return {0, 1, pttl, tonumber(ticket or 0)}
 ",
     ])
 });
+
+/// Lua shared by the release scripts of fair and exclusive locks: deletes the lock `K` if
+/// `ARGV[1]` (the token) holds it. Leaves `released` (1 when it did) and `holder` (false when
+/// the lock is now free).
+const TAKE_BACK: &str = r"
+local released = 0
+local holder = redis.pcall('GET', K)
+if holder == ARGV[1] then
+  redis.call('DEL', K)
+  released = 1
+  holder = false
+end
+";
+
+/// Lua shared by the release scripts of fair and exclusive locks, after [`TAKE_BACK`]: drops
+/// the token's entry from the queue `Q` (and `E`); returns when the lock is still held. Then
+/// [`PURGE_QUEUE`] and [`HAND_TO_HEAD`].
+const LEAVE_QUEUE: &str = r"
+redis.call('ZREM', Q, ARGV[1])
+redis.call('ZREM', E, ARGV[1])
+if holder then return released end
+";
+
+/// Lua shared by the release scripts of fair and exclusive locks: hands the free lock `K` to
+/// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on
+/// channel `ARGV[3]` (`ARGV[2]`: the publish command; no channel: nobody). Leaves `head` (the
+/// waiter's token and ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
+const HAND_TO_HEAD: &str = r"
+local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
+if head[1] and ARGV[3] ~= '' then
+  local lease = tonumber(redis.call('ZSCORE', E, head[1])) - now
+  redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
+  redis.call('ZREM', Q, head[1])
+  redis.call('ZREM', E, head[1])
+  local fence = 0
+  -- The waiter's grant counts on by the rule of every grant (no counter: the waiter asks).
+  if redis.call('EXISTS', F) == 1 then fence = new_fence(F) end
+  local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
+  redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
+end
+";
 
 /// Releases a fair lock, or takes a waiter out of the queue. KEYS: lock, fence, queue, queue
 /// leases. ARGV: token, the publish command, release channel.
@@ -306,33 +354,41 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
         NOW,
-        r"
-local released = 0
-local holder = redis.pcall('GET', K)
-if holder == ARGV[1] then
-  redis.call('DEL', K)
-  released = 1
-  holder = false
-end
-redis.call('ZREM', Q, ARGV[1])
-redis.call('ZREM', E, ARGV[1])
-if holder then return released end
-",
+        TAKE_BACK,
+        LEAVE_QUEUE,
         PURGE_QUEUE,
         FENCE,
+        HAND_TO_HEAD,
+        "return released\n",
+    ])
+});
+
+/// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, fence, queue,
+/// queue leases. ARGV: token, the publish command, release channel (empty: wake nobody, hand
+/// it to nobody).
+///
+/// Deletes the lock if `token` holds it. A waiter that has waited past its threshold takes a
+/// place in the lock's queue as a fair waiter does (see `acquire.rs`), so while the queue is not
+/// empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, and only that waiter
+/// is told. Otherwise (the common case: one `EXISTS` more than [`RELEASE`]) every waiter is
+/// woken. Returns 1 when `token` held the lock.
+pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        TAKE_BACK,
         r"
-local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
-if head[1] then
-  local lease = tonumber(redis.call('ZSCORE', E, head[1])) - now
-  redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
-  redis.call('ZREM', Q, head[1])
-  redis.call('ZREM', E, head[1])
-  local fence = 0
-  -- The waiter's grant counts on by the rule of every grant (no counter: the waiter asks).
-  if redis.call('EXISTS', F) == 1 then fence = new_fence(F) end
-  local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
-  redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
+if redis.call('EXISTS', Q) == 0 then
+  if released == 1 and ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
+  return released
 end
+",
+        NOW,
+        LEAVE_QUEUE,
+        PURGE_QUEUE,
+        FENCE,
+        HAND_TO_HEAD,
+        r"
+if not head[1] and released == 1 and ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
 return released
 ",
     ])

@@ -15,7 +15,7 @@ use crate::backend::{
     Ask, Attempt, ExtendItem, ExtendOutcome, Mode, NodeHold, Token, millis, millis_up,
 };
 use crate::config::Settings;
-use crate::error::NodeFailure;
+use crate::error::{FailureKind, NodeFailure};
 
 /// How many extensions go into one pipeline (one round trip).
 const EXTEND_CHUNK: usize = 512;
@@ -54,6 +54,9 @@ pub(crate) struct Calls {
     /// one bit each ([`scripts::let_go_bit`]); `None` through a cluster connection, which routes
     /// a `SCRIPT LOAD` apart from the call it should precede.
     let_go_loaded: Option<AtomicU32>,
+    /// Whether a starving waiter of a plain lock asks as a fair waiter (see [`Ask::starving`]):
+    /// no more once the server refused the fair queue's commands (an ACL without them).
+    queue_starving: AtomicBool,
 }
 
 impl Calls {
@@ -67,6 +70,7 @@ impl Calls {
         Calls {
             plain: AtomicBool::new(transactions && settings.min_replicas.is_none()),
             let_go_loaded: transactions.then(|| AtomicU32::new(0)),
+            queue_starving: AtomicBool::new(true),
             fences: FencePaths::default(),
             waits: None,
             addr,
@@ -79,6 +83,11 @@ impl Calls {
                 timeout: settings.response_timeout / 2,
             }),
         }
+    }
+
+    /// See [`Node::queues_starving_waiters`](crate::backend::Node::queues_starving_waiters).
+    pub(crate) fn queues_starving_waiters(&self) -> bool {
+        self.queue_starving.load(Ordering::Relaxed)
     }
 
     pub(crate) fn keys(&self, name: &str) -> [String; 3] {
@@ -379,7 +388,15 @@ impl Calls {
             mode,
             queue,
             waits,
+            lease,
+            starving,
         } = ask;
+        let asked = mode;
+        let queues = starving
+            && mode == Mode::Exclusive
+            && names.len() == 1
+            && self.queue_starving.load(Ordering::Relaxed);
+        let mode = if queues { Mode::Fair } else { mode };
         if let [name] = names
             && mode == Mode::Exclusive
             && self.plain.load(Ordering::Relaxed)
@@ -424,12 +441,24 @@ impl Calls {
         match mode {
             // How long a writer's mark keeps readers out (0: it does not wait).
             Mode::Exclusive => invocation.arg(if queue { millis(waits).max(1) } else { 0 }),
-            Mode::Fair => invocation.arg(flag(queue)),
+            Mode::Fair => invocation.arg(flag(queue)).arg(millis(lease)),
             Mode::Shared => invocation.arg(0),
             Mode::Permits(n) => invocation.arg(n),
         };
         let (reply, acks): (Vec<i64>, _) =
-            self.invoke(conn, "acquire", script, &invocation).await?;
+            match self.invoke(conn, "acquire", script, &invocation).await {
+                Err(failure) if queues && failure.kind == FailureKind::Permission => {
+                    // An ACL without the fair queue's commands: starving waiters of plain locks
+                    // wait unqueued from now on, as they did before the threshold.
+                    self.queue_starving.store(false, Ordering::Relaxed);
+                    let plain = Ask {
+                        starving: false,
+                        ..ask
+                    };
+                    return Box::pin(self.acquire(conn, names, token, plain)).await;
+                }
+                answered => answered?,
+            };
         match reply.as_slice() {
             [1, fences @ ..] if fences.len() == names.len() => {
                 if let (Some(acks), Some(replicas)) = (acks, self.replicas)
@@ -473,11 +502,20 @@ impl Calls {
                     .and_then(|t| u64::try_from(*t).ok())
                     .filter(|t| *t > 0),
             }),
+            [2, ..] if queues => {
+                // The key is a shared lock or a semaphore, which has no queue: a writer waits
+                // there with its mark (the plain attempt's), a plain caller with its mismatch.
+                let plain = Ask {
+                    starving: false,
+                    ..ask
+                };
+                Box::pin(self.acquire(conn, names, token, plain)).await
+            }
             [2, index, other] => {
                 let key = names
                     .get(usize::try_from(*index - 1).unwrap_or(0))
                     .unwrap_or(&names[0]);
-                Ok(Attempt::mismatch(key, mode, *other))
+                Ok(Attempt::mismatch(key, asked, *other))
             }
             _ => Err(NodeFailure::response(
                 &self.addr,
@@ -659,8 +697,8 @@ impl Calls {
             }
         };
         let (script, mut invocation): (&Script, _);
-        match mode {
-            Mode::Exclusive => {
+        match (mode, names) {
+            (Mode::Exclusive, _) if names.len() > 1 => {
                 script = &*scripts::RELEASE;
                 invocation = script.prepare_invoke();
                 invocation.arg(token.as_str()).arg(self.publish);
@@ -669,11 +707,17 @@ impl Calls {
                     invocation.key(keys.of(KeyKind::Lock)).arg(channel(&keys));
                 }
             }
-            Mode::Fair => {
-                // Always with its channel: leaving the queue may hand the lock to the next
-                // waiter, who must be woken.
+            (Mode::Exclusive | Mode::Fair, _) => {
+                // One key with a queue: a fair lock's waiters, or a plain lock's that waited past
+                // their threshold. A fair release always has its channel: leaving the queue may
+                // hand the lock to the next waiter, who must be woken.
                 let keys = self.lock_keys(&names[0]);
-                script = &*scripts::FAIR_RELEASE;
+                let (chosen, channel) = if mode == Mode::Fair {
+                    (&*scripts::FAIR_RELEASE, keys.of(KeyKind::Released))
+                } else {
+                    (&*scripts::EXCLUSIVE_RELEASE, channel(&keys))
+                };
+                script = chosen;
                 invocation = script.prepare_invoke();
                 invocation
                     .key(keys.of(KeyKind::Lock))
@@ -682,9 +726,9 @@ impl Calls {
                     .key(keys.of(KeyKind::QueueLeases))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(keys.of(KeyKind::Released));
+                    .arg(channel);
             }
-            Mode::Shared | Mode::Permits(_) => {
+            (Mode::Shared | Mode::Permits(_), _) => {
                 let keys = self.lock_keys(&names[0]);
                 script = &*scripts::SHARED_RELEASE;
                 invocation = script.prepare_invoke();

@@ -157,6 +157,10 @@ impl Conn<'_> {
 }
 
 impl Node for RedisNode {
+    fn queues_starving_waiters(&self) -> bool {
+        self.calls.queues_starving_waiters()
+    }
+
     fn addr(&self) -> &str {
         &self.calls.addr
     }
