@@ -557,6 +557,19 @@ pub(crate) async fn acquire(
             }
         }
     };
+    if unsure && !unknown && matches!(result, Err(LockError::Contended { .. })) {
+        // A waiter that gives up with a place in a queue (and no attempt of unknown outcome)
+        // leaves it before it answers, within its bound: nothing of the call stays behind, and
+        // a lock handed to it just now goes on to the next waiter.
+        let leave = backend.release(&req.names, &token, req.mode, true);
+        let left = match answer_by {
+            Some(by) => tokio::time::timeout_at(by.into(), leave).await.ok(),
+            None => Some(leave.await),
+        };
+        if matches!(left, Some(Ok(_))) {
+            unsure = false;
+        }
+    }
     if let Err(err) = &result {
         events::not_acquired(&req.labels, err, attempts);
     }

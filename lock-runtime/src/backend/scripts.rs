@@ -364,21 +364,21 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, fence, queue,
-/// queue leases. ARGV: token, the publish command, release channel (empty: wake nobody, hand
-/// it to nobody).
+/// queue leases. ARGV: token, the publish command, release channel, wake ("1": a release wakes
+/// every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
 ///
 /// Deletes the lock if `token` holds it. A waiter that has waited past its threshold takes a
 /// place in the lock's queue as a fair waiter does (see `acquire.rs`), so while the queue is not
 /// empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, and only that waiter
-/// is told. Otherwise (the common case: one `EXISTS` more than [`RELEASE`]) every waiter is
-/// woken. Returns 1 when `token` held the lock.
+/// is told, withdrawal or not. Otherwise (the common case: one `EXISTS` more than [`RELEASE`])
+/// every waiter is woken. Returns 1 when `token` held the lock.
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
         TAKE_BACK,
         r"
 if redis.call('EXISTS', Q) == 0 then
-  if released == 1 and ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
+  if released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
   return released
 end
 ",
@@ -388,7 +388,7 @@ end
         FENCE,
         HAND_TO_HEAD,
         r"
-if not head[1] and released == 1 and ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
+if not head[1] and released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
 return released
 ",
     ])

@@ -709,15 +709,14 @@ impl Calls {
             }
             (Mode::Exclusive | Mode::Fair, _) => {
                 // One key with a queue: a fair lock's waiters, or a plain lock's that waited past
-                // their threshold. A fair release always has its channel: leaving the queue may
-                // hand the lock to the next waiter, who must be woken.
+                // their threshold. Always with its channel, withdrawal or not: leaving the queue
+                // may hand the lock to the next waiter, who must be woken.
                 let keys = self.lock_keys(&names[0]);
-                let (chosen, channel) = if mode == Mode::Fair {
-                    (&*scripts::FAIR_RELEASE, keys.of(KeyKind::Released))
+                script = if mode == Mode::Fair {
+                    &*scripts::FAIR_RELEASE
                 } else {
-                    (&*scripts::EXCLUSIVE_RELEASE, channel(&keys))
+                    &*scripts::EXCLUSIVE_RELEASE
                 };
-                script = chosen;
                 invocation = script.prepare_invoke();
                 invocation
                     .key(keys.of(KeyKind::Lock))
@@ -726,7 +725,8 @@ impl Calls {
                     .key(keys.of(KeyKind::QueueLeases))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(channel);
+                    .arg(keys.of(KeyKind::Released))
+                    .arg(if wake { "1" } else { "0" });
             }
             (Mode::Shared | Mode::Permits(_), _) => {
                 let keys = self.lock_keys(&names[0]);
