@@ -288,6 +288,45 @@ async fn watch_prints_a_release_then_stops_after_count() {
     .await;
 }
 
+/// A release that hands a fair lock to its waiter is announced on that waiter's own channel:
+/// `watch` prints it as the lock's release all the same (it printed nothing).
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_prints_a_release_that_hands_the_lock_to_a_waiter() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (client(&server), client(&server));
+    let key = unique_key("watched");
+    let guard = holder
+        .lock(&key)
+        .fair(true)
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = {
+        let lock = waiter.lock(&key).fair(true).ttl(TTL).wait(TTL);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    lock_tests::until_queued(&holder, &key, 1).await;
+    let url = server.url();
+    let mut watch = Worker::spawn(
+        env!("CARGO_BIN_EXE_lockctl"),
+        &["--url", &url, "watch", "watched:*", "--count", "1"],
+    );
+    wait_until(Duration::from_secs(10), "lockctl watch subscribed", || {
+        numpat(&server) >= 1
+    });
+    guard.release().await.unwrap();
+    let handed = lock_tests::bounded(Duration::from_secs(10), "the hand-off", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let line = watch.next_line(Duration::from_secs(10));
+    assert!(line.contains(&key) && line.contains("released"), "{line}");
+    let done = watch.finish(RUN_TIMEOUT);
+    assert_eq!(code(&done), Some(0), "{done:?}");
+    handed.release().await.unwrap();
+}
+
 /// Who holds each lock: `list`'s OWNER column (the first owner's name, and how many more),
 /// `inspect`'s `owner` rows (name, pid, host, program, since), and both in JSON; never the token.
 #[tokio::test(flavor = "multi_thread")]

@@ -66,12 +66,14 @@ pub(crate) trait WaitStrategy: Send {
 
     /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
     /// holder's remaining time to live, when the server said; `ticket` a fair waiter's place in
-    /// the queue (releases handed to other waiters are not worth waking for). Answers what the
-    /// release that woke it said, when it handed the lock to `ticket`.
+    /// the queue (releases handed to other waiters are not worth waking for); `token` the
+    /// waiter's. Answers what the release that woke it said, when it handed the lock to
+    /// `ticket`.
     fn pause<'a>(
         &'a mut self,
         pttl: Option<Duration>,
         ticket: Option<u64>,
+        token: &Token,
         until: Option<Instant>,
     ) -> BoxFuture<'a, Option<HandOff>>;
 }
@@ -89,6 +91,10 @@ pub(crate) struct NotifyOrBackoff<'a> {
     soon: Soon,
     /// Pauses after release wake-ups that other contenders won.
     herd: Herd,
+    /// Whether an answer gave the waiter a place in a queue (a ticket): it keeps listening for
+    /// the hand-off to itself even after an answer without one (under Redlock, one whose gate did
+    /// not answer in time), so its subscriptions change at most twice per wait.
+    queued: bool,
     watch: Option<Watching>,
 }
 
@@ -124,8 +130,9 @@ impl Soon {
     }
 }
 
-/// The pause between a release's wake-up and the next attempt. Every release wakes every waiter
-/// of the key, and the releaser itself often asks again at once: waiters that all ask at once
+/// The pause between a release's wake-up and the next attempt. Every release that frees the lock
+/// wakes every waiter of the key that listens for it, and the releaser itself often asks again
+/// at once: waiters that all ask at once
 /// cost the server an attempt each per release and the lock a round trip per hand-off. So a
 /// waiter answers its first wake-up at once (a lone waiter's hand-off costs nothing more), and
 /// each wake-up after one it lost doubles a window, from [`Herd::FIRST`] up to [`Herd::CAP`],
@@ -134,7 +141,8 @@ impl Soon {
 /// [`Herd::STARVING`] answers every wake-up at once again; where the backend lets it, it also
 /// takes a place in the lock's queue, and the next release hands it the lock (as Go's
 /// `sync.Mutex` hands the lock to a waiter that waited past a threshold), which keeps its wait
-/// bounded.
+/// bounded. There, once it lost a wake-up it waits for its place without listening to the
+/// releases, and the hand-off to it wakes it alone.
 #[derive(Debug)]
 struct Herd {
     window: Duration,
@@ -185,6 +193,9 @@ impl Herd {
 }
 
 struct Watching {
+    /// The waiter's token digest when it listens only for the hand-off to itself (see
+    /// [`Node::watch`](crate::backend::Node::watch)).
+    own: Option<u64>,
     /// One per key.
     wakes: Vec<WakeHandle>,
     /// Confirmations still to come.
@@ -207,15 +218,21 @@ struct Confirmation {
 }
 
 impl Watching {
-    fn start(backend: &Backend, wakers: &Arc<WakeRegistry>, names: &Names) -> Self {
+    fn start(
+        backend: &Backend,
+        wakers: &Arc<WakeRegistry>,
+        names: &Names,
+        own: Option<u64>,
+    ) -> Self {
         let mut w = Watching {
+            own,
             wakes: names.iter().map(|name| wakers.watch(name)).collect(),
             pending: FuturesUnordered::new(),
             needed: vec![0; names.len()],
             subscriptions: Vec::new(),
         };
         for (index, name) in names.iter().enumerate() {
-            w.add(index, true, backend.watch(name, &names[0]));
+            w.add(index, true, backend.watch(name, &names[0], own));
         }
         w
     }
@@ -263,7 +280,7 @@ impl Watching {
             self.needed[index] -= 1;
             return self.needed.iter().all(|n| *n == 0);
         }
-        if first && let Some(others) = backend.watch_others(&names[index], &names[0]) {
+        if first && let Some(others) = backend.watch_others(&names[index], &names[0], self.own) {
             self.add(index, false, others);
         }
         false
@@ -285,6 +302,7 @@ impl<'a> NotifyOrBackoff<'a> {
             backoff: Backoff::new(settings),
             soon: Soon::new(settings),
             herd: Herd::new(queues_when_starving(backend, names, mode)),
+            queued: false,
             watch: None,
         }
     }
@@ -303,6 +321,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         &'b mut self,
         pttl: Option<Duration>,
         ticket: Option<u64>,
+        token: &Token,
         until: Option<Instant>,
     ) -> BoxFuture<'b, Option<HandOff>> {
         let nap = if pttl == Some(Duration::ZERO) {
@@ -322,11 +341,26 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         } else {
             self.herd.next_delay(now)
         };
-        let herd = &mut self.herd;
+        // A waiter with a place in the queue, or that waits for the moment it takes one (it lost
+        // a wake-up: see `Herd`), only needs the hand-off to itself. Where that is told to it
+        // alone, it listens for nothing else: the releases meanwhile (a lock its releaser keeps
+        // taking again) wake no one but the waiters still racing for it.
+        let sleeps_until_starving = after_wake == Duration::MAX;
+        self.queued |= ticket.is_some();
+        let own = ((self.queued || sleeps_until_starving) && self.backend.tells_waiters_alone())
+            .then(|| token.digest());
         let (backend, wakers, names) = (self.backend, self.wakers, self.names);
+        if self.watch.as_ref().is_some_and(|w| w.own != own) {
+            // The new subscriptions first, then the old ones go: a node that applies both in
+            // one round never listens for neither (see `Subscriptions`).
+            self.watch = Some(Watching::start(backend, wakers, names, own));
+        }
         let w = self
             .watch
-            .get_or_insert_with(|| Watching::start(backend, wakers, names));
+            .get_or_insert_with(|| Watching::start(backend, wakers, names, own));
+        // Not queued yet, it has no hand-off to miss: a confirmation is no reason to look again.
+        let look_again = ticket.is_some() || own.is_none();
+        let herd = &mut self.herd;
         for wake in &mut w.wakes {
             wake.set_ticket(ticket);
         }
@@ -353,7 +387,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                     }
                     Some(confirmation) = w.pending.next(), if confirming => confirmation,
                 };
-                if w.confirmed(backend, names, confirmation) {
+                if w.confirmed(backend, names, confirmation) && look_again {
                     // From now on no release can be missed: look again, since one may have
                     // happened before.
                     return None;
@@ -431,9 +465,10 @@ pub(crate) async fn acquire(
         } else {
             Instant::now()
         };
-        let starving = may_queue
-            && !unknown
-            && attempt_start.saturating_duration_since(started) >= Herd::STARVING;
+        // Whether it takes a place in the queue once it starves, and whether it starves now.
+        let will_queue = may_queue && !unknown;
+        let starving =
+            will_queue && attempt_start.saturating_duration_since(started) >= Herd::STARVING;
         let ask = Ask {
             ttl: req.ttl,
             fencing: req.fencing,
@@ -510,12 +545,12 @@ pub(crate) async fn acquire(
                 // next attempt renews it: attempt at least three times per lease; and once more
                 // when the waiter starves, to take its place in the queue.
                 let mut until = cap(now, ask.lease / 3, req.give_up);
-                if may_queue && !unknown && !starving {
+                if will_queue && !starving {
                     until = until.min(started + Herd::STARVING);
                 }
                 let until = Some(until);
                 let told = tokio::select! {
-                    told = strategy.pause(pttl, ticket, until) => told,
+                    told = strategy.pause(pttl, ticket, &token, until) => told,
                     () = caller_gone.raised() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }

@@ -21,7 +21,7 @@
 //! |---|---|---|
 //! | [`Lock`](RedisKeyKind::Lock) | `lock:{wallet:42}` | an exclusive or fair lock: a string, the holder's token followed by its [`Owner`] record; a shared lock or semaphore: a sorted set of its holders' values scored by the expiry of their leases (server milliseconds), with a member `#shared` or `#permits=N` scored `+inf` and, while a writer waits for readers, `#w` |
 //! | [`Fence`](RedisKeyKind::Fence) | `lock:{wallet:42}:fence` | the fence counter: the latest grant's fencing token (an integer); it outlives the lock |
-//! | [`Released`](RedisKeyKind::Released) | `lock:{wallet:42}:released` | not a key: the pub/sub channel each release is announced on (an empty message, `PUBLISH`, or `SPUBLISH` on a Cluster) |
+//! | [`Released`](RedisKeyKind::Released) | `lock:{wallet:42}:released` | not a key: the pub/sub channel each release that frees the lock is announced on (an empty message, `PUBLISH`, or `SPUBLISH` on a Cluster); a release that hands the lock to a queued waiter tells it alone, on its own channel `lock:{wallet:42}:released{<16 hex digits of its token's SHA-1>}` |
 //! | [`Queue`](RedisKeyKind::Queue) | `lock:{wallet:42}:queue` | a fair lock's waiters: a sorted set of their tokens scored by arrival (server microseconds) |
 //! | [`QueueLeases`](RedisKeyKind::QueueLeases) | `lock:{wallet:42}:queue-leases` | the same waiters scored by the expiry of their entry's lease (server milliseconds) |
 //!
@@ -103,7 +103,7 @@ pub fn redis_key(prefix: &str, name: &str, kind: RedisKeyKind) -> String {
 /// a lock read as a lock key, or a key under another prefix.
 ///
 /// This is how a tool that `SCAN`s for `lock:{*` keys (or `PSUBSCRIBE`s to `lock:{*`) tells lock
-/// keys (or release channels) from the rest and names their locks:
+/// keys (or release channels, a waiter's own included) from the rest and names their locks:
 ///
 /// ```
 /// use lock_runtime::layout::{RedisKeyKind, redis_lock_name};
@@ -111,8 +111,11 @@ pub fn redis_key(prefix: &str, name: &str, kind: RedisKeyKind) -> String {
 /// let lock = |key: &str| redis_lock_name("lock:", key, RedisKeyKind::Lock);
 /// assert_eq!(lock("lock:{wallet:42}").as_deref(), Some("wallet:42"));
 /// assert_eq!(lock("lock:{wallet:42}:fence"), None);
+/// let released = |channel: &str| redis_lock_name("lock:", channel, RedisKeyKind::Released);
+/// assert_eq!(released("lock:{wallet:42}:released").as_deref(), Some("wallet:42"));
+/// // A queued waiter's own channel, which a release that hands it the lock publishes on.
 /// assert_eq!(
-///     redis_lock_name("lock:", "lock:{wallet:42}:released", RedisKeyKind::Released).as_deref(),
+///     released("lock:{wallet:42}:released{0123456789abcdef}").as_deref(),
 ///     Some("wallet:42")
 /// );
 /// ```

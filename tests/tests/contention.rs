@@ -261,3 +261,48 @@ async fn a_waiter_that_gives_up_leaves_its_place_in_the_queue() {
         "the release handed the lock to the waiter that left"
     );
 }
+
+/// A release that hands a lock to a queued waiter tells that waiter alone, on a channel of its
+/// own: a client listening on the lock's release channel (one whose waiters still race for it) is
+/// not woken by the hand-off, only by a later release that frees the lock. The hand-off was
+/// published on the release channel, waking every client with a waiter of the lock, before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_wakes_only_the_waiter_it_goes_to() {
+    let server = RedisServer::start();
+    let [a, b] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let key = unique_key("contention:told-alone");
+    let mut conn = server.admin();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut listener = conn.as_pubsub();
+    listener.subscribe(lock_keys(&key).channel).unwrap();
+
+    let held = a.lock(&key).fair(true).acquire().await.unwrap();
+    let waiting = {
+        let lock = b.lock(&key).fair(true).wait(Duration::from_secs(10));
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    lock_tests::until_queued(&a, &key, 1).await;
+    held.release().await.unwrap();
+    let handed = bounded(Duration::from_secs(5), "the hand-off", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    handed.release().await.unwrap();
+    // A release with nobody in line, which every waiter of the lock must hear.
+    a.lock(&key)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let first: String = tokio::task::block_in_place(|| listener.get_message())
+        .unwrap()
+        .get_payload()
+        .unwrap();
+    assert_eq!(
+        first, "",
+        "the release channel carried the hand-off's message before the free lock's"
+    );
+}

@@ -24,7 +24,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
-use super::redis::{Calls, NodeAddr, OpenPubSub, PubSub, Subscriptions, hash_tag};
+use super::redis::{Calls, NodeAddr, OpenPubSub, PubSub, Subscriptions, hash_tag, own_channel};
 use super::{
     Ask, Attempt, Backend, BackendConfig, BackendKind, BoxFuture, ExtendItem, ExtendOutcome, Mode,
     Node, NodeHold, Subscription, Token, ValidBackend,
@@ -278,6 +278,10 @@ impl ClusterNode {
 }
 
 impl Node for ClusterNode {
+    fn tells_waiters_alone(&self) -> bool {
+        true
+    }
+
     fn queues_starving_waiters(&self) -> bool {
         self.calls.queues_starving_waiters()
     }
@@ -527,9 +531,9 @@ impl Node for ClusterNode {
         })
     }
 
-    fn watch(&self, name: &str) -> Subscription {
+    fn watch(&self, name: &str, own: Option<u64>) -> Subscription {
         let [_, _, channel] = self.calls.keys(name);
-        self.subs.watch(name, channel)
+        self.subs.watch(name, own_channel(channel, own))
     }
 }
 

@@ -558,7 +558,7 @@ impl Node for MemoryNode {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn watch(&self, _name: &str) -> Subscription {
+    fn watch(&self, _name: &str, _own: Option<u64>) -> Subscription {
         // Releases notify the client's wake registry directly: nothing to set up.
         Subscription {
             confirmed: Box::pin(std::future::ready(true)),

@@ -88,7 +88,12 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
     /// Starts listening for releases of `name` on this node; releases then wake the client's
     /// waiters of `name`. Never blocks: the returned subscription's `confirmed` future resolves
     /// once the node confirmed it (or failed to), and dropping the subscription undoes it.
-    fn watch(&self, name: &str) -> Subscription;
+    ///
+    /// `own`: the [`digest`](Token::digest) of a waiter that has (or is about to take) a place in
+    /// the lock's queue, which listens only for the hand-off to itself: on Redis a release that
+    /// hands the lock on tells that waiter alone, on a channel of its own, so the other waiters
+    /// are not woken by it (nodes that tell waiters otherwise ignore it).
+    fn watch(&self, name: &str, own: Option<u64>) -> Subscription;
 
     /// This node as one that answers at once, without IO or waiting (in memory), so that an
     /// uncontended lock skips the runtime hop. `None` for every server.
@@ -120,6 +125,12 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
     /// `acquire.rs`, [`Ask::starving`]) takes a place in the lock's fair queue, which the lock's
     /// next release then honours by handing it the lock (Redis: `scripts::EXCLUSIVE_RELEASE`).
     fn queues_starving_waiters(&self) -> bool {
+        false
+    }
+
+    /// Whether a hand-off to a waiter with a place in a queue is told to that waiter alone,
+    /// which then listens with `own` in [`watch`](Self::watch) (Redis: on a channel of its own).
+    fn tells_waiters_alone(&self) -> bool {
         false
     }
 }
@@ -427,6 +438,14 @@ impl Backend {
         }
     }
 
+    /// See [`Node::tells_waiters_alone`].
+    pub(crate) fn tells_waiters_alone(&self) -> bool {
+        match self {
+            Backend::One(node) => node.tells_waiters_alone(),
+            Backend::Quorum(quorum) => quorum.tells_waiters_alone(),
+        }
+    }
+
     /// The node, when the backend is one node that answers at once (in memory).
     pub(crate) fn at_once(&self) -> Option<&dyn AtOnce> {
         match self {
@@ -512,22 +531,22 @@ impl Backend {
     /// Subscribes to `name`'s releases for a lock whose first key is `first`: on its node, or
     /// under Redlock on the gate node of `first`, which the lock's attempts ask first. `needed` is
     /// how many confirmations make a release impossible to miss while those nodes answer.
-    pub(crate) fn watch(&self, name: &str, first: &str) -> Watch {
+    pub(crate) fn watch(&self, name: &str, first: &str, own: Option<u64>) -> Watch {
         match self {
             Backend::One(node) => Watch {
-                subscriptions: vec![node.watch(name)],
+                subscriptions: vec![node.watch(name, own)],
                 needed: 1,
             },
-            Backend::Quorum(quorum) => quorum.watch(name, first),
+            Backend::Quorum(quorum) => quorum.watch(name, first, own),
         }
     }
 
     /// Where else to listen when the subscriptions of [`watch`](Self::watch) could not be
     /// confirmed: Redlock's other nodes (a single node has nowhere else).
-    pub(crate) fn watch_others(&self, name: &str, first: &str) -> Option<Watch> {
+    pub(crate) fn watch_others(&self, name: &str, first: &str, own: Option<u64>) -> Option<Watch> {
         match self {
             Backend::One(_) => None,
-            Backend::Quorum(quorum) => Some(quorum.watch_others(name, first)),
+            Backend::Quorum(quorum) => Some(quorum.watch_others(name, first, own)),
         }
     }
 }

@@ -320,12 +320,13 @@ if holder then return released end
 ";
 
 /// Lua shared by the release scripts of fair and exclusive locks: hands the free lock `K` to
-/// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on
-/// channel `ARGV[3]` (`ARGV[2]`: the publish command; no channel: nobody). Leaves `head` (the
-/// waiter's token and ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
+/// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on its
+/// own channel: the release channel `ARGV[3]` followed by its token's digest in braces
+/// (`ARGV[2]`: the publish command; see `pubsub::own_channel`). Leaves `head` (the waiter's token and
+/// ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
 const HAND_TO_HEAD: &str = r"
 local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
-if head[1] and ARGV[3] ~= '' then
+if head[1] then
   local lease = tonumber(redis.call('ZSCORE', E, head[1])) - now
   redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
   redis.call('ZREM', Q, head[1])
@@ -334,7 +335,8 @@ if head[1] and ARGV[3] ~= '' then
   -- The waiter's grant counts on by the rule of every grant (no counter: the waiter asks).
   if redis.call('EXISTS', F) == 1 then fence = new_fence(F) end
   local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
-  redis.pcall(ARGV[2], ARGV[3], head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest)
+  local told = head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest
+  redis.pcall(ARGV[2], ARGV[3] .. '{' .. digest .. '}', told)
 end
 ";
 
@@ -344,7 +346,7 @@ end
 /// Deletes the lock if `token` holds it and drops `token`'s queue entry. If the lock is then
 /// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
 /// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
-/// the waiter alone woken: the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
+/// the waiter alone woken, on its own channel (see [`HAND_TO_HEAD`]): the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
 /// new fence (by [`FENCE`]'s rule; 0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
 /// waiter's token, which lets it take the lock without asking again. A release that finds
 /// nobody in line publishes nothing: every fair waiter has a place in a line (under Redlock, at

@@ -344,6 +344,10 @@ impl SentinelNode {
 impl Node for SentinelNode {
     /// The master of the moment decides each attempt (one whose ACL refuses the fair queue's
     /// commands asks as a plain waiter).
+    fn tells_waiters_alone(&self) -> bool {
+        true
+    }
+
     fn queues_starving_waiters(&self) -> bool {
         true
     }
@@ -438,10 +442,10 @@ impl Node for SentinelNode {
         )
     }
 
-    fn watch(&self, name: &str) -> Subscription {
+    fn watch(&self, name: &str, own: Option<u64>) -> Subscription {
         let node = self.current().node.clone();
         match node {
-            Some(node) => node.watch(name),
+            Some(node) => node.watch(name, own),
             // No master known yet: the waiter relies on its backoff.
             None => Subscription {
                 confirmed: Box::pin(async { false }),

@@ -319,14 +319,7 @@ impl RedisStore for &'static RedisCluster {
     fn subscribers(&self, channel: &str) -> i64 {
         self.masters()
             .into_iter()
-            .map(|m| {
-                let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                    .arg("SHARDNUMSUB")
-                    .arg(channel)
-                    .query(&mut m.admin())
-                    .unwrap_or_else(|e| panic!("PUBSUB SHARDNUMSUB on {}: {e}", m.port()));
-                subs.first().map_or(0, |(_, n)| *n)
-            })
+            .map(|m| m.shard_subscribers(channel))
             .sum()
     }
 

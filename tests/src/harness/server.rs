@@ -217,14 +217,33 @@ impl RedisServer {
             })
     }
 
-    /// `PUBSUB NUMSUB channel`: how many connections are subscribed to `channel`.
+    /// How many subscriptions listen for the releases of the lock whose release channel is
+    /// `channel`: to `channel` itself (`PUBSUB NUMSUB`), and to the own channels of its queued
+    /// waiters, `channel{<digest>}` (`PUBSUB CHANNELS`).
     pub fn subscribers(&self, channel: &str) -> i64 {
+        self.listeners("", channel)
+    }
+
+    /// [`subscribers`](Self::subscribers) in sharded pub/sub (a cluster node).
+    pub fn shard_subscribers(&self, channel: &str) -> i64 {
+        self.listeners("SHARD", channel)
+    }
+
+    /// [`subscribers`](Self::subscribers) over plain (`kind` "") or sharded ("SHARD") pub/sub.
+    fn listeners(&self, kind: &str, channel: &str) -> i64 {
+        let mut admin = self.admin();
+        let own: Vec<String> = redis::cmd("PUBSUB")
+            .arg(format!("{kind}CHANNELS"))
+            .arg(format!("{}{{*}}", glob_escape(channel)))
+            .query(&mut admin)
+            .unwrap_or_else(|e| panic!("PUBSUB {kind}CHANNELS on port {}: {e}", self.port));
         let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
+            .arg(format!("{kind}NUMSUB"))
             .arg(channel)
-            .query(&mut self.admin())
-            .unwrap_or_else(|e| panic!("PUBSUB NUMSUB on port {} failed: {e}", self.port));
-        subs.first().map_or(0, |(_, n)| *n)
+            .arg(&own)
+            .query(&mut admin)
+            .unwrap_or_else(|e| panic!("PUBSUB {kind}NUMSUB on port {}: {e}", self.port));
+        subs.iter().map(|(_, n)| *n).sum()
     }
 
     /// Kills the process (SIGKILL, so nothing is saved) and reaps it. Does nothing if already stopped.
@@ -616,6 +635,18 @@ fn encode(s: &str) -> String {
         } else {
             let _ = write!(out, "%{b:02X}");
         }
+    }
+    out
+}
+
+/// `text` as a glob pattern of itself (Redis's `KEYS`, `PUBSUB CHANNELS`).
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
     }
     out
 }

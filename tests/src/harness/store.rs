@@ -52,8 +52,9 @@ pub trait LockStore: Send + Sync + std::fmt::Debug {
 pub trait RedisStore: Send + Sync + std::fmt::Debug {
     /// `KEYS pattern`, sorted (over every master of a cluster).
     fn keys(&self, pattern: &str) -> Vec<String>;
-    /// How many connections are subscribed to the release channel `channel` (sharded channels
-    /// on a cluster).
+    /// How many subscriptions listen for the releases of the lock whose release channel is
+    /// `channel`: to it and to its queued waiters' own channels (sharded channels on a cluster;
+    /// see [`RedisServer::subscribers`]).
     fn subscribers(&self, channel: &str) -> i64;
     /// How many times `command` ran, summed over the servers.
     fn command_calls(&self, command: &str) -> u64;

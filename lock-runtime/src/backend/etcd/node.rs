@@ -418,7 +418,8 @@ impl Node for EtcdNode {
         Box::pin(async { Ok(()) })
     }
 
-    fn watch(&self, name: &str) -> Subscription {
+    /// etcd tells a waiter by a watch on the lock's keys, whatever its place.
+    fn watch(&self, name: &str, _own: Option<u64>) -> Subscription {
         self.inner.subscribe(name)
     }
 

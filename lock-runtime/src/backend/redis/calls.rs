@@ -397,6 +397,11 @@ impl Calls {
             && names.len() == 1
             && self.queue_starving.load(Ordering::Relaxed);
         let mode = if queues { Mode::Fair } else { mode };
+        // What a starving waiter asks for where it cannot queue.
+        let unqueued = Ask {
+            starving: false,
+            ..ask
+        };
         if let [name] = names
             && mode == Mode::Exclusive
             && self.plain.load(Ordering::Relaxed)
@@ -451,11 +456,7 @@ impl Calls {
                     // An ACL without the fair queue's commands: starving waiters of plain locks
                     // wait unqueued from now on, as they did before the threshold.
                     self.queue_starving.store(false, Ordering::Relaxed);
-                    let plain = Ask {
-                        starving: false,
-                        ..ask
-                    };
-                    return Box::pin(self.acquire(conn, names, token, plain)).await;
+                    return Box::pin(self.acquire(conn, names, token, unqueued)).await;
                 }
                 answered => answered?,
             };
@@ -505,11 +506,7 @@ impl Calls {
             [2, ..] if queues => {
                 // The key is a shared lock or a semaphore, which has no queue: a writer waits
                 // there with its mark (the plain attempt's), a plain caller with its mismatch.
-                let plain = Ask {
-                    starving: false,
-                    ..ask
-                };
-                Box::pin(self.acquire(conn, names, token, plain)).await
+                Box::pin(self.acquire(conn, names, token, unqueued)).await
             }
             [2, index, other] => {
                 let key = names

@@ -89,8 +89,21 @@ impl KeyKind {
 }
 
 /// The lock name whose Redis key (or channel) of `kind` under `prefix` is `key`: the inverse of
-/// [`redis_keys`]. `None` for anything else.
+/// [`redis_keys`]; for [`KeyKind::Released`] also of a queued waiter's own channel (see
+/// `pubsub::own_channel`), which is the release channel followed by 16 hex digits in braces (no
+/// release channel ends in `}`). `None` for anything else.
 pub(crate) fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
+    let key = match (kind, key.strip_suffix('}')) {
+        (KeyKind::Released, Some(own)) => {
+            let (channel, digest) = own.split_at_checked(own.len().checked_sub(17)?)?;
+            let digest = digest.strip_prefix('{')?;
+            digest
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                .then_some(channel)?
+        }
+        _ => key,
+    };
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let close = rest.find('}')?;
     let (inner, after) = (&rest[..close], &rest[close + 1..]);
@@ -148,6 +161,7 @@ fn escape(name: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::redis::own_channel;
 
     #[test]
     fn key_layout() {
@@ -189,10 +203,17 @@ mod tests {
             "x:released",
             "{y}:fence",
             "y",
+            // Names that end as a waiter's own channel does.
+            "x:released{0123456789abcdef}",
+            "{x}:released{0123456789abcdef}",
+            "x{0123456789abcdef}",
+            "{x}{0123456789abcdef}",
         ];
         let mut seen = std::collections::HashMap::new();
         for name in names {
-            for (kind, key) in keys_of(name).into_iter().enumerate() {
+            let [lock, fence, released] = keys_of(name);
+            let own = own_channel(released.clone(), Some(0x0123_4567_89ab_cdef));
+            for (kind, key) in [lock, fence, released, own].into_iter().enumerate() {
                 if let Some(other) = seen.insert(key.clone(), (name, kind)) {
                     panic!("{key} is both {other:?} and {:?}", (name, kind));
                 }
@@ -228,6 +249,14 @@ mod tests {
                     "{key}"
                 );
             }
+            let own = own_channel(keys[2].clone(), Some(u64::MAX));
+            assert_eq!(
+                lock_name_of("lock:", &own, KeyKind::Released).as_deref(),
+                Some(name),
+                "{own}"
+            );
+            assert_eq!(hash_tag(&own), hash_tag(&keys[0]), "{own}");
+            assert_eq!(lock_name_of("lock:", &own, KeyKind::Lock), None, "{own}");
             assert_eq!(
                 lock_name_of("lock:", &keys[1], KeyKind::Lock),
                 None,
@@ -240,6 +269,12 @@ mod tests {
             );
         }
         assert_eq!(lock_name_of("lock:", "lock:{a%zz}", KeyKind::Lock), None);
+        for not_own in [
+            "lock:{x}:released{0123}",
+            "lock:{x}:released{0123456789abcdeg}",
+        ] {
+            assert_eq!(lock_name_of("lock:", not_own, KeyKind::Released), None);
+        }
         assert_eq!(lock_name_of("lock:", "unrelated", KeyKind::Lock), None);
     }
 

@@ -29,7 +29,7 @@ pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
 pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;
 pub(crate) use keys::{lock_name_of, redis_key};
-pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
+pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions, own_channel};
 pub(crate) use single::{SingleConfig, ValidSingle};
 
 /// One Redis node: a multiplexed, reconnecting connection shared by every lock, and a lazily
@@ -157,6 +157,10 @@ impl Conn<'_> {
 }
 
 impl Node for RedisNode {
+    fn tells_waiters_alone(&self) -> bool {
+        true
+    }
+
     fn queues_starving_waiters(&self) -> bool {
         self.calls.queues_starving_waiters()
     }
@@ -230,8 +234,8 @@ impl Node for RedisNode {
         Box::pin(self.calls.raise_fences(&self.conn, names, fences))
     }
 
-    fn watch(&self, name: &str) -> Subscription {
+    fn watch(&self, name: &str, own: Option<u64>) -> Subscription {
         let [_, _, channel] = self.calls.keys(name);
-        self.subs.watch(name, channel)
+        self.subs.watch(name, own_channel(channel, own))
     }
 }

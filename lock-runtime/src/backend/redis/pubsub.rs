@@ -78,7 +78,8 @@ impl Subscriptions {
         })
     }
 
-    /// A waiter's interest in `channel`, the release channel of the lock `name`.
+    /// A waiter's interest in `channel`, the release channel of the lock `name` or a waiter's own
+    /// channel of it (see [`own_channel`]).
     pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
         let confirmed = {
             let mut table = self.table();
@@ -185,6 +186,24 @@ impl Subscriptions {
                     .collect();
                 (add, remove)
             };
+            // New channels first: a waiter that moves from one channel to another (see
+            // `acquire::NotifyOrBackoff`) is never listening on neither.
+            if !add.is_empty() {
+                let bound = self.connect_timeout.saturating_add(self.response_timeout);
+                let ok = matches!(
+                    tokio::time::timeout(bound, conn.subscribe(&add)).await,
+                    Ok(Ok(()))
+                );
+                let table = self.table();
+                for c in add {
+                    if ok {
+                        subscribed.insert(c.clone());
+                    }
+                    if let Some(entry) = table.get(&c) {
+                        entry.confirmed.send_replace(Some(ok));
+                    }
+                }
+            }
             if !remove.is_empty() {
                 let done =
                     tokio::time::timeout(self.response_timeout, conn.unsubscribe(&remove)).await;
@@ -192,23 +211,6 @@ impl Subscriptions {
                     for c in &remove {
                         subscribed.remove(c);
                     }
-                }
-            }
-            if add.is_empty() {
-                continue;
-            }
-            let bound = self.connect_timeout.saturating_add(self.response_timeout);
-            let ok = matches!(
-                tokio::time::timeout(bound, conn.subscribe(&add)).await,
-                Ok(Ok(()))
-            );
-            let table = self.table();
-            for c in add {
-                if ok {
-                    subscribed.insert(c.clone());
-                }
-                if let Some(entry) = table.get(&c) {
-                    entry.confirmed.send_replace(Some(ok));
                 }
             }
         }
@@ -236,6 +238,18 @@ impl Drop for Unwatch {
         if last {
             self.subs.kick.notify_one();
         }
+    }
+}
+
+/// The channel a waiter listens on: the lock's release `channel`, or with `own` (a waiter's
+/// token digest, see `Node::watch`) that waiter's own, `<channel>{<16 hex digits>}`, which only a
+/// release that hands the lock to it publishes on (see `scripts::HAND_TO_HEAD`). It keeps the
+/// channel's hash tag (the first braces), so a cluster publishes it from the lock's shard, and
+/// it is no lock's release channel: those never end in `}` (see `layout`).
+pub(crate) fn own_channel(channel: String, own: Option<u64>) -> String {
+    match own {
+        Some(digest) => format!("{channel}{{{digest:016x}}}"),
+        None => channel,
     }
 }
 

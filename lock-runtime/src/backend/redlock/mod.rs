@@ -721,25 +721,31 @@ impl Quorum {
     /// [`watch_others`](Self::watch_others); one that goes down after confirming misses the
     /// releases meanwhile, which the waiter then finds by its next attempt, on its backoff (at
     /// most a third of the lock's ttl).
-    pub(crate) fn watch(&self, name: &str, first: &str) -> Watch {
+    pub(crate) fn watch(&self, name: &str, first: &str, own: Option<u64>) -> Watch {
         let gate = gate_of(first, self.nodes.len());
         Watch {
-            subscriptions: vec![self.nodes[gate].watch(name)],
+            subscriptions: vec![self.nodes[gate].watch(name, own)],
             needed: 1,
         }
+    }
+
+    /// See [`Node::tells_waiters_alone`]: whether the nodes (the gate of a fair waiter among
+    /// them) do.
+    pub(crate) fn tells_waiters_alone(&self) -> bool {
+        self.nodes.iter().all(|node| node.tells_waiters_alone())
     }
 
     /// Subscribes on every node but the gate of `first`, for a waiter whose gate did not confirm.
     /// A quorum of confirmations is enough: a release that succeeded reached a quorum of nodes,
     /// and any two quorums share one.
-    pub(crate) fn watch_others(&self, name: &str, first: &str) -> Watch {
+    pub(crate) fn watch_others(&self, name: &str, first: &str, own: Option<u64>) -> Watch {
         let gate = gate_of(first, self.nodes.len());
         let subscriptions = self
             .nodes
             .iter()
             .enumerate()
             .filter(|(index, _)| *index != gate)
-            .map(|(_, node)| node.watch(name))
+            .map(|(_, node)| node.watch(name, own))
             .collect();
         Watch {
             subscriptions,
