@@ -132,8 +132,8 @@ impl Soon {
 
 /// The pause between a release's wake-up and the next attempt. Every release that frees the lock
 /// wakes every waiter of the key that listens for it, and the releaser itself often asks again
-/// at once: waiters that all ask at once
-/// cost the server an attempt each per release and the lock a round trip per hand-off. So a
+/// at once: waiters that all ask at once cost the server an attempt each per release and the
+/// lock a round trip per hand-off. So a
 /// waiter answers its first wake-up at once (a lone waiter's hand-off costs nothing more), and
 /// each wake-up after one it lost doubles a window, from [`Herd::FIRST`] up to [`Herd::CAP`],
 /// in which it waits a random time: woken waiters spread out, and the lock mostly stays with

@@ -282,7 +282,11 @@ async fn a_hand_off_wakes_only_the_waiter_it_goes_to() {
         tokio::spawn(async move { lock.acquire().await })
     };
     lock_tests::until_queued(&a, &key, 1).await;
+    let publishes = server.command_calls("publish");
     held.release().await.unwrap();
+    // The release published the hand-off (a fair release with nobody in line publishes
+    // nothing): the message the listener must not get was sent.
+    assert_eq!(server.command_calls("publish"), publishes + 1);
     let handed = bounded(Duration::from_secs(5), "the hand-off", waiting)
         .await
         .unwrap()

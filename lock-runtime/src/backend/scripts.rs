@@ -322,8 +322,8 @@ if holder then return released end
 /// Lua shared by the release scripts of fair and exclusive locks: hands the free lock `K` to
 /// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on its
 /// own channel: the release channel `ARGV[3]` followed by its token's digest in braces
-/// (`ARGV[2]`: the publish command; see `pubsub::own_channel`). Leaves `head` (the waiter's token and
-/// ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
+/// (`ARGV[2]`: the publish command; see `keys::own_channel`). Leaves `head` (the waiter's token
+/// and ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
 const HAND_TO_HEAD: &str = r"
 local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
 if head[1] then
@@ -346,9 +346,10 @@ end
 /// Deletes the lock if `token` holds it and drops `token`'s queue entry. If the lock is then
 /// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
 /// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
-/// the waiter alone woken, on its own channel (see [`HAND_TO_HEAD`]): the message is `<ticket> <fence> <digest>`, the waiter's ticket, the
-/// new fence (by [`FENCE`]'s rule; 0 when the counter does not exist) and the first 16 hex digits of the SHA-1 of the
-/// waiter's token, which lets it take the lock without asking again. A release that finds
+/// the waiter alone woken, on its own channel (see [`HAND_TO_HEAD`]): the message is
+/// `<ticket> <fence> <digest>`, the waiter's ticket, the new fence (by [`FENCE`]'s rule; 0 when
+/// the counter does not exist) and the first 16 hex digits of the SHA-1 of the waiter's token,
+/// which lets it take the lock without asking again. A release that finds
 /// nobody in line publishes nothing: every fair waiter has a place in a line (under Redlock, at
 /// the lock's gate node), and is woken by the hand-off to it. Returns 1 when `token` held the
 /// lock.

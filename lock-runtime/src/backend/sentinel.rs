@@ -342,12 +342,12 @@ impl SentinelNode {
 }
 
 impl Node for SentinelNode {
-    /// The master of the moment decides each attempt (one whose ACL refuses the fair queue's
-    /// commands asks as a plain waiter).
     fn tells_waiters_alone(&self) -> bool {
         true
     }
 
+    /// The master of the moment decides each attempt (one whose ACL refuses the fair queue's
+    /// commands asks as a plain waiter).
     fn queues_starving_waiters(&self) -> bool {
         true
     }

@@ -88,9 +88,21 @@ impl KeyKind {
     }
 }
 
+/// The channel a waiter listens on: the lock's release `channel`, or with `own` (a waiter's
+/// token digest, see `Node::watch`) that waiter's own, `<channel>{<16 hex digits>}`, which only a
+/// release that hands the lock to it publishes on (see `scripts::HAND_TO_HEAD`). It keeps the
+/// channel's hash tag (the first braces), so a cluster publishes it from the lock's shard, and
+/// it is no lock's release channel: those never end in `}` ([`lock_name_of`] reads both back).
+pub(crate) fn own_channel(channel: String, own: Option<u64>) -> String {
+    match own {
+        Some(digest) => format!("{channel}{{{digest:016x}}}"),
+        None => channel,
+    }
+}
+
 /// The lock name whose Redis key (or channel) of `kind` under `prefix` is `key`: the inverse of
 /// [`redis_keys`]; for [`KeyKind::Released`] also of a queued waiter's own channel (see
-/// `pubsub::own_channel`), which is the release channel followed by 16 hex digits in braces (no
+/// [`own_channel`]), which is the release channel followed by 16 hex digits in braces (no
 /// release channel ends in `}`). `None` for anything else.
 pub(crate) fn lock_name_of(prefix: &str, key: &str, kind: KeyKind) -> Option<String> {
     let key = match (kind, key.strip_suffix('}')) {
@@ -161,7 +173,6 @@ fn escape(name: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::own_channel;
 
     #[test]
     fn key_layout() {

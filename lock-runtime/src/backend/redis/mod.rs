@@ -28,8 +28,8 @@ pub(crate) use addr::NodeAddr;
 pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
 pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;
-pub(crate) use keys::{lock_name_of, redis_key};
-pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions, own_channel};
+pub(crate) use keys::{lock_name_of, own_channel, redis_key};
+pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
 pub(crate) use single::{SingleConfig, ValidSingle};
 
 /// One Redis node: a multiplexed, reconnecting connection shared by every lock, and a lazily

@@ -79,7 +79,7 @@ impl Subscriptions {
     }
 
     /// A waiter's interest in `channel`, the release channel of the lock `name` or a waiter's own
-    /// channel of it (see [`own_channel`]).
+    /// channel of it (see [`own_channel`](super::own_channel)).
     pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
         let confirmed = {
             let mut table = self.table();
@@ -238,18 +238,6 @@ impl Drop for Unwatch {
         if last {
             self.subs.kick.notify_one();
         }
-    }
-}
-
-/// The channel a waiter listens on: the lock's release `channel`, or with `own` (a waiter's
-/// token digest, see `Node::watch`) that waiter's own, `<channel>{<16 hex digits>}`, which only a
-/// release that hands the lock to it publishes on (see `scripts::HAND_TO_HEAD`). It keeps the
-/// channel's hash tag (the first braces), so a cluster publishes it from the lock's shard, and
-/// it is no lock's release channel: those never end in `}` (see `layout`).
-pub(crate) fn own_channel(channel: String, own: Option<u64>) -> String {
-    match own {
-        Some(digest) => format!("{channel}{{{digest:016x}}}"),
-        None => channel,
     }
 }
 
