@@ -59,12 +59,15 @@ async fn granted_soon(
         .unwrap_or_else(|e| panic!("{why}: {e:?}"))
 }
 
-/// Long timeouts (1 s): an answer that waited for a frozen node would show.
+/// The connect and response timeouts of a [`patient_client`].
+const PATIENT: Duration = Duration::from_secs(1);
+
+/// Long timeouts ([`PATIENT`]): an answer that waited for a frozen node would show.
 fn patient_client(urls: impl IntoIterator<Item = String>) -> LockClient {
     LockClient::new(
         LockConfig::redlock(urls)
-            .connect_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(1)),
+            .connect_timeout(PATIENT)
+            .response_timeout(PATIENT),
     )
     .expect("valid redlock config")
 }
@@ -209,44 +212,76 @@ async fn three_of_five_down_is_unavailable_within_a_second() {
     }
 }
 
-// --- 2. A frozen node does not slow anything down. ----------------------------------------------
+// --- 2. A frozen node is never waited for. ------------------------------------------------------
 
+/// Takes and releases `key` `n` times in a row (nobody else asks for it): how long each pair
+/// took.
 async fn acquire_release_pairs(client: &LockClient, key: &str, n: usize) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
+    for pair in 0..n {
         let start = Instant::now();
         let guard = client
             .lock(key)
             .ttl(Duration::from_secs(10))
             .acquire()
             .await
-            .expect("acquire");
-        guard.release().await.expect("release");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "pair {pair}: acquire answered {e:?} after {:?}",
+                    start.elapsed()
+                )
+            });
+        guard.release().await.unwrap_or_else(|e| {
+            panic!(
+                "pair {pair}: release answered {e:?} after {:?}",
+                start.elapsed()
+            )
+        });
         samples.push(start.elapsed());
     }
     samples
 }
 
+/// With one node of five frozen, acquire and release decide from the other four and never wait
+/// for it. The frozen node's part of either ends only at its response timeout ([`PATIENT`]), so
+/// a pair that waited for it took at least that long: every pair must take less. The node was
+/// asked all the same: every pair's acquire runs there once it thaws.
 #[tokio::test]
-async fn frozen_node_keeps_latency_within_twice_healthy() {
+async fn one_frozen_node_of_five_is_never_waited_for() {
+    const PAIRS: u64 = 30;
     let masters = RedisMasters::start(NODES);
-    let client = redlock_client(masters.urls());
+    let client = patient_client(masters.urls());
+    let frozen = &masters.nodes[0];
+    // Connections up everywhere; the warm-up's release is its last request on the node.
+    warm_up(&client).await;
+    wait_until_async(
+        PATIENT,
+        "the warm-up released on the node to freeze",
+        || evalsha_calls(frozen) > 0,
+    )
+    .await;
+    // Each acquire asks a node with one `SET NX` (granted or not); a release sends none.
+    let asked = frozen.command_calls("set");
     let key = unique_key("redlock:frozen");
 
-    acquire_release_pairs(&client, &key, 5).await;
-    let healthy = median(acquire_release_pairs(&client, &key, 30).await);
+    frozen.freeze();
+    let took = acquire_release_pairs(&client, &key, PAIRS as usize).await;
+    frozen.thaw();
 
-    masters.nodes[0].freeze();
-    acquire_release_pairs(&client, &key, 3).await;
-    let frozen = median(acquire_release_pairs(&client, &key, 30).await);
-    masters.nodes[0].thaw();
-
+    wait_until_async(
+        PATIENT,
+        "every pair's acquire run on the thawed node",
+        || frozen.command_calls("set") >= asked + PAIRS,
+    )
+    .await;
+    let slowest = *took.iter().max().unwrap();
     eprintln!(
-        "redlock acquire+release median of 30: healthy {healthy:?}, one of five frozen {frozen:?}"
+        "redlock acquire+release, one of five frozen: median {:?}, slowest {slowest:?} of {PAIRS}",
+        median(took)
     );
     assert!(
-        frozen <= healthy * 2 + ms(2),
-        "frozen median {frozen:?} > 2 x healthy median {healthy:?} + 2ms"
+        slowest < PATIENT,
+        "a pair took {slowest:?}: it waited for the frozen node (response timeout {PATIENT:?})"
     );
 }
 
@@ -1000,6 +1035,75 @@ async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free
     .await;
     assert!(masters.nodes.iter().all(ours));
     guard.release().await.unwrap();
+}
+
+/// The placement stops once the lock's release has begun: placed after it, the lock stayed on
+/// that node as a copy of a released lock until the release's own step got there (it waits for
+/// the placement), and the same client's next acquire was refused there. A client taking and
+/// releasing one lock in a loop with one node of five frozen met such a copy beside the one its
+/// slowest node still had: two grants, two refusals, so its uncontended acquire waited out the
+/// frozen node's response timeout and answered `Contended` (the test now named
+/// `one_frozen_node_of_five_is_never_waited_for`, in 2 of 3 local suite runs). Here the
+/// contender's copy goes once the release returned, while the placement, slowed by a 100 ms
+/// round trip, still tries again.
+#[tokio::test]
+async fn a_released_lock_is_never_placed_afterwards() {
+    let masters = RedisMasters::start(NODES);
+    let node = &masters.nodes[NODES - 1];
+    let proxy = FaultProxy::start(node.port());
+    let mut urls = masters.urls();
+    urls[NODES - 1] = proxy.url();
+    let locks = redlock_client(urls);
+    let warm = warm_up(&locks).await;
+    // Its release is the last of its requests on each node: the script calls stand still.
+    wait_until_async(QUICK_REQUEST, "the warm-up released", || {
+        holders(&masters.nodes.iter().collect::<Vec<_>>(), &warm) == 0
+    })
+    .await;
+    let key = unique_key("redlock:place-released");
+    let lock_key = lock_keys(&key).lock;
+    let events = KeyEvents::watch(node, &lock_key);
+    let () = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("contender")
+        .query(&mut node.admin())
+        .unwrap();
+    let (asked, released) = (node.command_calls("set"), evalsha_calls(node));
+    proxy.set_delay(ms(50));
+    let guard = locks.lock(&key).acquire().await.expect("four free nodes");
+    guard.release().await.expect("released on four nodes");
+    wait_until_async(
+        QUICK_REQUEST,
+        "the acquire refused on the held node",
+        || node.command_calls("set") > asked,
+    )
+    .await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query(&mut node.admin())
+        .unwrap();
+    assert_eq!(
+        deleted, 1,
+        "the contender's copy was gone before the acquire asked"
+    );
+    let freed = Instant::now();
+    // The release's step on the node follows the placement: its pauses, and a request per try.
+    wait_until_async(
+        ms(62) + QUICK_REQUEST * 6,
+        "the release run on the node",
+        || evalsha_calls(node) > released,
+    )
+    .await;
+    let placed: Vec<Duration> = events
+        .of(&lock_key)
+        .iter()
+        .filter(|e| e.event == "set" && e.at >= freed)
+        .map(|e| e.at - freed)
+        .collect();
+    assert!(
+        placed.is_empty(),
+        "the released lock was placed on the node {placed:?} after it was free"
+    );
 }
 
 /// The gate is a hint for callers that wait, never the answer for one that does not: a lock free

@@ -104,6 +104,17 @@ impl NodeStep {
         }
     }
 
+    /// Whether a later operation of the same token has begun (the lock's release, or its keep):
+    /// the lock is no longer wanted on more nodes.
+    fn superseded(&self) -> bool {
+        self.op
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&self.op.key)
+            .is_none_or(|current| !Arc::ptr_eq(current, &self.op.signals))
+    }
+
     fn mark_failed(&self, failure: &NodeFailure) {
         *self.op.signals[self.index]
             .failure
@@ -190,7 +201,7 @@ async fn acquire_on(
         Ok(Some(true))
     );
     if keep && held_by_another {
-        place_after_a_split(&*node, &names, &token, ask).await;
+        place_after_a_split(&*node, &step, &names, &token, ask).await;
     }
     if !keep && !held_by_another {
         // Withdrawn, not released: these grants never were a lock, so no release is published.
@@ -220,9 +231,16 @@ const PLACE_RETRIES: [Duration; 5] = [
 /// lock would sit on a bare majority, where one node that loses its key early (its clock stepped
 /// ahead, a restart) hands the lock to someone else while it is held. Tries again a few times,
 /// without queueing, and gives up (the lock is held by a majority all the same) when the node
-/// stays held, fails, or the lock is no longer wanted there (the holder's release waits for this
-/// step on this node only).
-async fn place_after_a_split(node: &dyn Node, names: &Names, token: &Token, ask: Ask) {
+/// stays held, fails, or the lock is no longer wanted there: its release has begun (and waits
+/// for this step on this node only). Placed after that, it stayed there as a copy of a released
+/// lock until the release's own step came, and the holder's next acquire was refused there.
+async fn place_after_a_split(
+    node: &dyn Node,
+    step: &NodeStep,
+    names: &Names,
+    token: &Token,
+    ask: Ask,
+) {
     let ask = Ask {
         queue: false,
         waits: Duration::ZERO,
@@ -230,6 +248,9 @@ async fn place_after_a_split(node: &dyn Node, names: &Names, token: &Token, ask:
     };
     for pause in PLACE_RETRIES {
         tokio::time::sleep(pause).await;
+        if step.superseded() {
+            return;
+        }
         match node.acquire(names, token, ask).await {
             Ok(Attempt::Held { .. }) => {}
             // Placed, or the node cannot take it: nothing more to do.
