@@ -488,24 +488,19 @@ pub(crate) async fn acquire(
         // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
         // `min_replicas` or a fence seeding failed, Cluster's slot groups): it is cut at the
         // bound, and its outcome is then unknown.
-        // Boxed, as the waits below are: the future the caller's call boxes stays under 1 KB
-        // (see `Calls::acquire`).
-        let attempt = Box::pin(async {
-            match answer_by {
-                Some(by) => {
-                    tokio::time::timeout_at(by.into(), backend.acquire(&req.names, &token, ask))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(vec![NodeFailure::timeout(
-                                backend.label(),
-                                "acquire within wait plus one request timeout",
-                            )])
-                        })
-                }
-                None => backend.acquire(&req.names, &token, ask).await,
+        let attempt = match answer_by {
+            Some(by) => {
+                tokio::time::timeout_at(by.into(), backend.acquire(&req.names, &token, ask))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(vec![NodeFailure::timeout(
+                            backend.label(),
+                            "acquire within wait plus one request timeout",
+                        )])
+                    })
             }
-        })
-        .await;
+            None => backend.acquire(&req.names, &token, ask).await,
+        };
         let now = Instant::now();
         let failures = match attempt {
             Ok(Attempt::Acquired { fences }) => {
@@ -554,19 +549,11 @@ pub(crate) async fn acquire(
                     until = until.min(started + Herd::STARVING);
                 }
                 let until = Some(until);
-                // Boxed: see the attempt's.
-                let told = Box::pin(async {
-                    tokio::select! {
-                        told = strategy.pause(pttl, ticket, &token, until) => Some(told),
-                        () = caller_gone.raised() => None,
+                let told = tokio::select! {
+                    told = strategy.pause(pttl, ticket, &token, until) => told,
+                    () = caller_gone.raised() => {
+                        return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
-                })
-                .await;
-                let Some(told) = told else {
-                    return Ended {
-                        result: Err(gone()),
-                        unsure: unsure.then_some(token),
-                    };
                 };
                 if let Some(granted) = told
                     .filter(|_| take_word)
@@ -598,18 +585,11 @@ pub(crate) async fn acquire(
             continue;
         }
         let until = cap(now, backoff.next_delay(), req.give_up);
-        let slept = Box::pin(async {
-            tokio::select! {
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => true,
-                () = caller_gone.raised() => false,
+        tokio::select! {
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => {}
+            () = caller_gone.raised() => {
+                return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
             }
-        })
-        .await;
-        if !slept {
-            return Ended {
-                result: Err(gone()),
-                unsure: unsure.then_some(token),
-            };
         }
     };
     if unsure && !unknown && matches!(result, Err(LockError::Contended { .. })) {
@@ -617,13 +597,10 @@ pub(crate) async fn acquire(
         // leaves it before it answers, within its bound: nothing of the call stays behind, and
         // a lock handed to it just now goes on to the next waiter.
         let leave = backend.release(&req.names, &token, req.mode, true);
-        let left = Box::pin(async {
-            match answer_by {
-                Some(by) => tokio::time::timeout_at(by.into(), leave).await.ok(),
-                None => Some(leave.await),
-            }
-        })
-        .await;
+        let left = match answer_by {
+            Some(by) => tokio::time::timeout_at(by.into(), leave).await.ok(),
+            None => Some(leave.await),
+        };
         if matches!(left, Some(Ok(_))) {
             unsure = false;
         }

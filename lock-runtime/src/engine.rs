@@ -165,25 +165,22 @@ impl Engine {
     /// that nobody takes any more is released by the caller's side (the guard's drop).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
-        req: Box<Request>,
+        req: Request,
         caller_gone: Arc<Signal>,
     ) -> Result<Arc<Hold>, LockError> {
-        // The request and the strategy boxed, the waits too (see `acquire::acquire`): the future
-        // the caller's call boxes stays under 1 KB, which malloc serves from its per-thread
-        // cache, where 2 KB took a trip through its bins and their consolidation every call.
-        let mut strategy = Box::new(NotifyOrBackoff::new(
+        let mut strategy = NotifyOrBackoff::new(
             &self.backend,
             &self.wakers,
             &req.names,
             req.mode,
             &self.settings,
-        ));
+        );
         let ended = acquire::acquire(
             &self.backend,
             &self.settings,
             &self.identity,
             &req,
-            &mut *strategy,
+            &mut strategy,
             &caller_gone,
         )
         .await;
@@ -191,7 +188,7 @@ impl Engine {
         if let Some(token) = ended.unsure {
             self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
         }
-        self.hold(*req, ended.result?)
+        self.hold(req, ended.result?)
     }
 
     /// Acquires in place, with no runtime hop and no task, when the backend answers at once (in

@@ -294,7 +294,7 @@ impl Lock {
         let span = req.span.clone();
         bridge::run(&runtime, move |gone| {
             async move {
-                let hold = engine.acquire(Box::new(req), gone).await?;
+                let hold = engine.acquire(req, gone).await?;
                 Ok(LockGuard::new(engine, hold))
             }
             .instrument(span)
@@ -313,7 +313,7 @@ impl Lock {
         let runtime = engine.runtime.clone();
         let span = req.span.clone();
         let work = async move {
-            let hold = engine.acquire(Box::new(req), Arc::default()).await?;
+            let hold = engine.acquire(req, Arc::default()).await?;
             Ok(LockGuard::new(engine, hold))
         };
         bridge::run_blocking(&runtime, work.instrument(span))?

@@ -417,7 +417,7 @@ impl Backend {
     ) -> Result<Attempt, Vec<NodeFailure>> {
         match self {
             Backend::One(node) => node.acquire(names, token, ask).await.map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => Box::pin(quorum.acquire(names, token, ask)).await,
+            Backend::Quorum(quorum) => quorum.acquire(names, token, ask).await,
         }
     }
 
@@ -494,7 +494,7 @@ impl Backend {
                 .release(names, token, mode, wake)
                 .await
                 .map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => Box::pin(quorum.release(names, token, mode, wake)).await,
+            Backend::Quorum(quorum) => quorum.release(names, token, mode, wake).await,
         }
     }
 

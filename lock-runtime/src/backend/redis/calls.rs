@@ -130,16 +130,14 @@ impl Calls {
             .let_go_loaded
             .as_ref()
             .is_some_and(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
-        // Each way boxed, as the attempts' cold paths are (see `acquire`): a release's future
-        // stays small.
         let reply = if preload {
             let mut pipe = redis::pipe();
             pipe.load_script(script).ignore().invoke_script(invocation);
-            Box::pin(self.bounded(what, pipe.query_async::<(i64,)>(&mut conn)))
+            self.bounded(what, pipe.query_async::<(i64,)>(&mut conn))
                 .await
                 .map(|(value,)| value)
         } else {
-            Box::pin(self.bounded(what, invocation.invoke_async(&mut conn))).await
+            self.bounded(what, invocation.invoke_async(&mut conn)).await
         };
         if let Some(loaded) = &self.let_go_loaded {
             match &reply {
@@ -384,40 +382,6 @@ impl Calls {
         token: &Token,
         ask: Ask,
     ) -> Result<Attempt, NodeFailure> {
-        if let [name] = names
-            && ask.mode == Mode::Exclusive
-            && !self.queues(&ask, names)
-            && self.plain.load(Ordering::Relaxed)
-            && let Some(fence) = self.fences.path(name, ask.fencing, Instant::now())
-            && let Some(answer) = self.acquire_plain(conn, name, token, ask.ttl, fence).await
-        {
-            return answer;
-        }
-        // Boxed, as the rare paths below are (seeding a fence, withdrawing a grant): the scripts'
-        // path would make every attempt's future 5 KB, and a future past 1 KB costs glibc's
-        // malloc a trip through its bins (and their consolidation) where its per-thread cache
-        // serves smaller ones at once.
-        Box::pin(self.acquire_by_script(conn, names, token, ask)).await
-    }
-
-    /// Whether `ask` takes a place in the key's fair queue: a starving waiter of a plain lock of
-    /// one key, unless the server refused the queue's commands before.
-    fn queues(&self, ask: &Ask, names: &[Arc<str>]) -> bool {
-        ask.starving
-            && ask.mode == Mode::Exclusive
-            && names.len() == 1
-            && self.queue_starving.load(Ordering::Relaxed)
-    }
-
-    /// [`acquire`](Self::acquire) by the acquire scripts.
-    async fn acquire_by_script<C: Conn>(
-        &self,
-        conn: &C,
-        names: &[Arc<str>],
-        token: &Token,
-        ask: Ask,
-    ) -> Result<Attempt, NodeFailure> {
-        let queues = self.queues(&ask, names);
         let Ask {
             ttl,
             fencing,
@@ -425,15 +389,27 @@ impl Calls {
             queue,
             waits,
             lease,
-            starving: _,
+            starving,
         } = ask;
         let asked = mode;
+        let queues = starving
+            && mode == Mode::Exclusive
+            && names.len() == 1
+            && self.queue_starving.load(Ordering::Relaxed);
         let mode = if queues { Mode::Fair } else { mode };
         // What a starving waiter asks for where it cannot queue.
         let unqueued = Ask {
             starving: false,
             ..ask
         };
+        if let [name] = names
+            && mode == Mode::Exclusive
+            && self.plain.load(Ordering::Relaxed)
+            && let Some(fence) = self.fences.path(name, fencing, Instant::now())
+            && let Some(answer) = self.acquire_plain(conn, name, token, ttl, fence).await
+        {
+            return answer;
+        }
         let flag = |on: bool| if on { "1" } else { "0" };
         let script = match mode {
             Mode::Exclusive => &scripts::ACQUIRE,
@@ -475,7 +451,7 @@ impl Calls {
             Mode::Permits(n) => invocation.arg(n),
         };
         let (reply, acks): (Vec<i64>, _) =
-            match Box::pin(self.invoke(conn, "acquire", script, &invocation)).await {
+            match self.invoke(conn, "acquire", script, &invocation).await {
                 Err(failure) if queues && failure.kind == FailureKind::Permission => {
                     // An ACL without the fair queue's commands: starving waiters of plain locks
                     // wait unqueued from now on, as they did before the threshold.
@@ -492,7 +468,7 @@ impl Calls {
                     // Not a grant until replicated: withdraw it (nobody waits for a lock
                     // that never was).
                     let short = self.too_few_replicas("grant", acks);
-                    return match Box::pin(self.release(conn, names, token, mode, false)).await {
+                    return match self.release(conn, names, token, mode, false).await {
                         Ok(_) => Err(short),
                         Err(failure) => Err(NodeFailure {
                             detail: format!("{}; withdrawing it failed too", short.detail),
@@ -561,38 +537,30 @@ impl Calls {
         ttl: Duration,
         fencing: TxFence,
     ) -> Option<Result<Attempt, NodeFailure>> {
-        // Built in a block: what only the request needs is not kept across its await.
-        let (pipe, fence) = {
-            let keys = self.lock_keys(name);
-            let lock = keys.of(KeyKind::Lock);
-            let fence = (fencing != TxFence::Off).then(|| keys.of(KeyKind::Fence));
-            // MULTI and EXEC written out in a plain pipeline, not as redis-rs's atomic pipeline:
-            // that one loses count of the replies when the server refuses the MULTI itself.
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors()
-                .cmd("MULTI")
-                .cmd("SET")
-                .arg(&lock)
-                .arg(token.as_str())
-                .arg("NX")
-                .arg("PX")
-                .arg(millis(ttl))
-                .arg("GET");
-            if let Some(fence) = &fence {
-                if let TxFence::Seed(seed) = fencing {
-                    pipe.cmd("SET").arg(fence).arg(seed).arg("NX");
-                }
-                pipe.cmd("INCR").arg(fence).cmd("TIME");
+        let keys = self.lock_keys(name);
+        let lock = keys.of(KeyKind::Lock);
+        let fence = (fencing != TxFence::Off).then(|| keys.of(KeyKind::Fence));
+        // MULTI and EXEC written out in a plain pipeline, not as redis-rs's atomic pipeline: that
+        // one loses count of the replies when the server refuses the MULTI itself.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("MULTI")
+            .cmd("SET")
+            .arg(&lock)
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl))
+            .arg("GET");
+        if let Some(fence) = &fence {
+            if let TxFence::Seed(seed) = fencing {
+                pipe.cmd("SET").arg(fence).arg(seed).arg("NX");
             }
-            pipe.cmd("PTTL").arg(&lock).cmd("EXEC");
-            (pipe, fence)
-        };
+            pipe.cmd("INCR").arg(fence).cmd("TIME");
+        }
+        pipe.cmd("PTTL").arg(&lock).cmd("EXEC");
         let mut c = conn.clone();
-        // The request's future boxed too: that keeps every attempt's future under 1 KB.
-        let replies: Vec<Value> = match self
-            .bounded("acquire", Box::pin(pipe.query_async(&mut c)))
-            .await
-        {
+        let replies: Vec<Value> = match self.bounded("acquire", pipe.query_async(&mut c)).await {
             Ok(replies) => replies,
             Err(failure) => return Some(Err(failure)),
         };
@@ -662,7 +630,8 @@ impl Calls {
                     // Lost, recreated, or behind after a failover: raised to the clock.
                     let mut invocation = scripts::SEED_FENCE.prepare_invoke();
                     invocation.key(fence);
-                    match Box::pin(self.bounded("acquire", invocation.invoke_async::<u64>(&mut c)))
+                    match self
+                        .bounded("acquire", invocation.invoke_async::<u64>(&mut c))
                         .await
                     {
                         Ok(f) => {
@@ -670,9 +639,7 @@ impl Calls {
                             vec![f]
                         }
                         Err(failure) => {
-                            return Some(Err(
-                                Box::pin(self.withdraw(conn, name, token, failure)).await
-                            ));
+                            return Some(Err(self.withdraw(conn, name, token, failure).await));
                         }
                     }
                 }
@@ -681,9 +648,7 @@ impl Calls {
                 // The script refuses before writing; here the `SET` ran.
                 let failure =
                     NodeFailure::response(&self.addr, "acquire: the fence counter is not a number");
-                return Some(Err(
-                    Box::pin(self.withdraw(conn, name, token, failure)).await
-                ));
+                return Some(Err(self.withdraw(conn, name, token, failure).await));
             }
             _ => Vec::new(),
         };
