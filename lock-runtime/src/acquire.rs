@@ -347,8 +347,9 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         // taking again) wake no one but the waiters still racing for it.
         let sleeps_until_starving = after_wake == Duration::MAX;
         self.queued |= ticket.is_some();
+        let digest = token.digest();
         let own = ((self.queued || sleeps_until_starving) && self.backend.tells_waiters_alone())
-            .then(|| token.digest());
+            .then_some(digest);
         let (backend, wakers, names) = (self.backend, self.wakers, self.names);
         if self.watch.as_ref().is_some_and(|w| w.own != own) {
             // The new subscriptions first, then the old ones go: a node that applies both in
@@ -363,6 +364,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         let herd = &mut self.herd;
         for wake in &mut w.wakes {
             wake.set_ticket(ticket);
+            wake.set_digest(digest);
         }
         Box::pin(async move {
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));

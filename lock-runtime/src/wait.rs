@@ -74,6 +74,7 @@ impl WakeRegistry {
             seen,
             rx,
             ticket: None,
+            digest: None,
             registry: Arc::clone(self),
             name: name.to_owned(),
         }
@@ -124,6 +125,9 @@ pub(crate) struct WakeHandle {
     seen: u64,
     /// A fair waiter's place in the queue: releases handed to other waiters do not wake it.
     ticket: Option<u64>,
+    /// The waiter's [`Token::digest`](crate::backend::Token::digest): a hand-off that names it
+    /// is for this waiter, whatever its ticket.
+    digest: Option<u64>,
     registry: Arc<WakeRegistry>,
     name: String,
 }
@@ -139,6 +143,14 @@ impl WakeHandle {
     /// handle (`None`: every release but those whose message handed the lock to a waiter).
     pub(crate) fn set_ticket(&mut self, ticket: Option<u64>) {
         self.ticket = ticket;
+    }
+
+    /// The digest of the waiter's token: from now on a hand-off that names it wakes the handle,
+    /// whatever [`set_ticket`](Self::set_ticket) said. Under Redlock each node keeps its own
+    /// line, so the ticket of the waiter's last answer may be another node's than the one that
+    /// hands it the lock (or missing: the answer came before that node's).
+    pub(crate) fn set_digest(&mut self, digest: u64) {
+        self.digest = Some(digest);
     }
 
     /// Resolves at the next release after [`mark_seen`](Self::mark_seen) that is for this
@@ -161,6 +173,9 @@ impl WakeHandle {
                 (0..new).map(|i| last.recent[(first.wrapping_add(i) % RECENT as u64) as usize]);
             let mut for_me = false;
             for h in handed {
+                if let Some(mine) = h.hand_off.filter(|o| Some(o.digest) == self.digest) {
+                    return Some(mine);
+                }
                 match self.ticket {
                     Some(mine) if h.ticket == mine => return h.hand_off,
                     Some(_) => for_me |= h.ticket == 0,
@@ -279,6 +294,41 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), handle.released())
             .await
             .unwrap_or_else(|_| panic!("not woken by a plain release"));
+    }
+
+    #[tokio::test]
+    async fn a_hand_off_naming_the_waiters_token_wakes_it_whatever_its_ticket() {
+        let registry = Arc::new(WakeRegistry::default());
+        let mine = HandOff {
+            fence: 5,
+            digest: 77,
+        };
+        for ticket in [None, Some(4)] {
+            let mut handle = registry.watch("d");
+            handle.set_ticket(ticket);
+            handle.set_digest(mine.digest);
+            handle.mark_seen();
+            // Another waiter's hand-off, by another ticket and digest: slept through.
+            registry.notify_for(
+                "d",
+                8,
+                Some(HandOff {
+                    fence: 6,
+                    digest: 78,
+                }),
+            );
+            let early = futures_util::FutureExt::now_or_never(handle.released());
+            assert!(
+                early.is_none(),
+                "{ticket:?}: woken by another waiter's hand-off"
+            );
+            // Its own, by a ticket of another node's line.
+            registry.notify_for("d", 9, Some(mine));
+            let told = tokio::time::timeout(Duration::from_secs(5), handle.released())
+                .await
+                .unwrap_or_else(|_| panic!("{ticket:?}: slept through its own hand-off"));
+            assert_eq!(told, Some(mine), "{ticket:?}: what its hand-off said");
+        }
     }
 
     #[tokio::test]

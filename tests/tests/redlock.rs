@@ -1167,6 +1167,96 @@ async fn a_waiter_listens_at_the_gate_node_alone() {
     got.release().await.unwrap();
 }
 
+/// The latest lease a node gives a fair waiter's place on `key` (its waiters' lease expiries,
+/// in the server's milliseconds); `None` when nobody waits there.
+fn latest_lease(node: &RedisServer, key: &str) -> Option<f64> {
+    let leases: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(lock_keys(key).queue_leases)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut node.admin())
+        .unwrap();
+    leases.into_iter().map(|(_, lease)| lease).reduce(f64::max)
+}
+
+/// A fair waiter is woken by the gate's hand-off to it whatever ticket its last answer carried.
+/// Each node keeps its own line, with tickets of its own (its clock when the waiter lined up),
+/// and an attempt whose gate did not answer within its patience is settled by the other nodes'
+/// refusals, with the place one of them gave. The waiter listened for the gate's hand-off under
+/// that other ticket, slept through it, and took the lock a third of its place's lease later,
+/// at its next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_is_woken_by_its_hand_off_whatever_ticket_its_last_answer_carried() {
+    let masters = RedisMasters::start(NODES);
+    let key = unique_key("redlock:fair-ticket");
+    let gate = redlock_gate(&key, NODES);
+    let proxy = FaultProxy::start(masters.nodes[gate].port());
+    let mut urls = masters.urls();
+    urls[gate] = proxy.url();
+    let holder = redlock_client(masters.urls());
+    // Its attempts come when its places need renewing (every 2 s): its retry timer is later.
+    let waiter = LockClient::new(config(urls).retry_delay(Duration::from_secs(10))).unwrap();
+    warm_up(&waiter).await;
+    let ttl = Duration::from_secs(6);
+    let guard = holder
+        .lock(&key)
+        .fair(true)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = start_acquire(
+        waiter
+            .lock(&key)
+            .fair(true)
+            .ttl(ttl)
+            .wait(Duration::from_secs(20)),
+    );
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    wait_until_async(
+        QUICK_REQUEST + SCHEDULING_SLACK,
+        "the waiter in line on every node",
+        || nodes.iter().all(|n| latest_lease(n, &key).is_some()),
+    )
+    .await;
+    // From now on the gate answers after its patience: the next attempt is settled without it.
+    proxy.set_delay(ms(50));
+    let other = all_but(&masters, gate)[0];
+    let (renewed, gate_renewed) = (latest_lease(other, &key), latest_lease(nodes[gate], &key));
+    wait_until_async(
+        ttl / 3 + QUICK_REQUEST + SCHEDULING_SLACK,
+        "the next attempt renewed the waiter's place on the other nodes",
+        || latest_lease(other, &key) > renewed,
+    )
+    .await;
+    wait_until_async(
+        QUICK_REQUEST + SCHEDULING_SLACK,
+        "and, late, on the gate",
+        || latest_lease(nodes[gate], &key) > gate_renewed,
+    )
+    .await;
+    proxy.set_delay(Duration::ZERO);
+    let publishes = masters.nodes[gate].command_calls("publish");
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    // One attempt after the hand-off's message, and slack: far less than the wait for the next
+    // renewal (2 s after the last).
+    let bound = QUICK_REQUEST + SCHEDULING_SLACK;
+    let got = tokio::time::timeout(bound, waiting).await;
+    let took = released.elapsed();
+    assert!(
+        masters.nodes[gate].command_calls("publish") > publishes,
+        "the gate announced the hand-off"
+    );
+    let got = got
+        .unwrap_or_else(|_| panic!("not woken by the gate's hand-off within {bound:?}"))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("after {took:?}: {e:?}"));
+    eprintln!("redlock: fair waiter handed the lock {took:?} after the release");
+    got.release().await.unwrap();
+}
+
 /// A waiter for a lock over several keys listens for each key's release at the node its attempts
 /// ask first: the gate of the lock's first key. Listening at the held key's own gate lost the
 /// wake-up: woken by the release there, the waiter asked its lock's gate before the release had
