@@ -35,6 +35,14 @@ use super::util::free_port;
 /// Overrides the `etcd` binary (default: the one on `PATH`).
 pub const ETCD_BINARY_ENV: &str = "LOCK_TESTS_ETCD";
 
+/// The members' raft election timeout. A follower that hears no heartbeat starts an election
+/// after a random time between one and two of these, so a cluster whose leader died has a new
+/// one about twice this after the death, plus a vote.
+pub const ETCD_ELECTION_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The members' raft heartbeat interval.
+const HEARTBEAT: Duration = Duration::from_millis(50);
+
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const START_ATTEMPTS: usize = 3;
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -181,7 +189,10 @@ impl EtcdCluster {
             .args(["--initial-cluster", &initial.join(",")])
             .args(["--initial-cluster-token", &self.token])
             .args(["--initial-cluster-state", "new"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .arg("--heartbeat-interval")
+            .arg(HEARTBEAT.as_millis().to_string())
+            .arg("--election-timeout")
+            .arg(ETCD_ELECTION_TIMEOUT.as_millis().to_string())
             .args(["--logger", "zap", "--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
