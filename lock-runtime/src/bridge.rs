@@ -6,11 +6,11 @@
 //!   connections) belongs to the hosting runtime, so it never depends on the caller's runtime
 //!   (which may have no timer, or be about to shut down) and it costs no task hop. The
 //!   connections' own tasks run on the hosting runtime, and the caller trades messages with them,
-//!   except on a single node called from a multi-thread runtime of the caller's with IO and time:
-//!   there the call's requests go over a connection of the caller's runtime (see [`callers`]),
-//!   whose workers then write them and read their replies. The exception: a runtime the caller
-//!   passed in (`LockConfig::runtime`), called from outside it, may have shut down (its timers
-//!   would then panic), so there the work runs as a task.
+//!   except on a single node or Redlock's nodes called from a multi-thread runtime of the
+//!   caller's with IO and time: there the call's requests go over a connection of the caller's
+//!   runtime (see [`callers`]), whose workers then write them and read their replies. The
+//!   exception: a runtime the caller passed in (`LockConfig::runtime`), called from outside it,
+//!   may have shut down (its timers would then panic), so there the work runs as a task.
 //! - [`run_blocking`]: from sync code; blocks this thread, never the hosting runtime.
 //! - Work started by either is never cut off halfway: if the caller goes away, the work is told
 //!   through its [`Signal`] and finishes on the hosting runtime.

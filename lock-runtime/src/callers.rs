@@ -183,20 +183,26 @@ fn has_drivers() -> bool {
     false
 }
 
-/// One call's way to the servers: its caller, and whether its requests go over the caller's
-/// connection, decided at its first request and kept for the rest of it (its retries and its
-/// cleanup), so that no request of the call overtakes an earlier one on another connection.
+/// One call's way to the servers: its caller, and per node whether its requests go over the
+/// caller's connection to that node, decided at its first request there and kept for the rest of
+/// the call (its retries and its cleanup), so that no request of the call overtakes an earlier one
+/// on another connection. Redlock's nodes decide apart: the caller's connection to one node may be
+/// made before its connection to another.
 #[derive(Debug)]
 pub(crate) struct Route {
     caller: Caller,
-    local: OnceLock<bool>,
+    /// The first node's decision (a single node's only one), without a lock.
+    first: OnceLock<(usize, bool)>,
+    /// The other nodes' decisions (Redlock), by node.
+    others: Mutex<Vec<(usize, bool)>>,
 }
 
 impl Route {
     pub(crate) fn new(caller: Caller) -> Arc<Route> {
         Arc::new(Route {
             caller,
-            local: OnceLock::new(),
+            first: OnceLock::new(),
+            others: Mutex::new(Vec::new()),
         })
     }
 
@@ -204,10 +210,24 @@ impl Route {
         &self.caller
     }
 
-    /// Whether the call goes over the caller's connection: `first` decides, at the call's first
-    /// request.
-    pub(crate) fn local(&self, first: impl FnOnce() -> bool) -> bool {
-        *self.local.get_or_init(first)
+    /// Whether the call goes over the caller's connection to `node` (any number that tells the
+    /// nodes apart): `first` decides, at the call's first request to that node.
+    pub(crate) fn local(&self, node: usize, first: impl FnOnce() -> bool) -> bool {
+        let mut decide = Some(first);
+        let (decided_for, local) = *self.first.get_or_init(|| {
+            let decide = decide.take().is_some_and(|f| f());
+            (node, decide)
+        });
+        if decided_for == node {
+            return local;
+        }
+        let mut others = self.others.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, local)) = others.iter().find(|(n, _)| *n == node) {
+            return *local;
+        }
+        let local = decide.take().is_some_and(|f| f());
+        others.push((node, local));
+        local
     }
 }
 
@@ -237,5 +257,36 @@ impl<F: Future + Unpin> Future for Routed<F> {
         let this = &mut *self;
         let _restore = Restore(CURRENT.replace(this.route.clone()));
         Pin::new(&mut this.work).poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_of_a_call_decides_its_connection_once_on_its_own() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let route = Route::new(Caller {
+            handle: runtime.handle().clone(),
+            alive: Arc::new(AtomicBool::new(true)),
+        });
+        let asked = &Cell::new(0);
+        let decide = |answer: bool| {
+            move || {
+                asked.set(asked.get() + 1);
+                answer
+            }
+        };
+        assert!(route.local(1, decide(true)), "node 1 decides local");
+        assert!(!route.local(2, decide(false)), "node 2 decides shared");
+        assert!(!route.local(3, decide(false)), "node 3 decides shared");
+        assert_eq!(asked.get(), 3);
+        assert!(route.local(1, decide(false)), "node 1 keeps its decision");
+        assert!(!route.local(2, decide(true)), "node 2 keeps its decision");
+        assert!(!route.local(3, decide(true)), "node 3 keeps its decision");
+        assert_eq!(asked.get(), 3, "a decision is asked for once per node");
     }
 }

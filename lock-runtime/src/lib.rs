@@ -274,9 +274,9 @@
 //! Builder methods set the key prefix (default `"lock:"`), default TTL and wait, retry delay and
 //! jitter, renew interval, drift factor, connect and response timeouts, fencing, and the runtime
 //! that hosts connections ([`LockConfig::runtime`]: by default the library's own, so locks work
-//! from any runtime or none, with calls on a single node from a multi-thread runtime going over a
-//! connection of that runtime; a long-lived application runtime can host everything). `init`
-//! validates everything (a bad value is `LockError::Config` naming the field) but does not
+//! from any runtime or none, with calls on a single node or Redlock's nodes from a multi-thread
+//! runtime going over connections of that runtime; a long-lived application runtime can host
+//! everything). `init` validates everything (a bad value is `LockError::Config` naming the field) but does not
 //! connect: connections are made on first use. At the end of `main`, [`shutdown`] releases what is
 //! still held and waits (at most one request timeout) for releases still in flight. Passwords never appear in `Debug` or errors, and
 //! lock tokens are never logged.
@@ -376,8 +376,8 @@
 //! - Redlock: mutual exclusion under Redlock's assumptions (independent nodes, bounded clock rate
 //!   error, restarts delayed by a TTL or `appendfsync always`); survives the loss of a minority of
 //!   nodes. Fencing is opt-in here ([`LockConfig::fencing`]): the token is the largest counter of
-//!   the granting majority, written back to a majority before the guard is returned, so every
-//!   later majority hands out a larger one (as long as no node loses its counters). Every node
+//!   the granting majority, written back to a majority of the nodes that granted it before the
+//!   guard is returned, so every later majority hands out a larger one (as long as no node loses its counters). Every node
 //!   announces a release; a waiter listens at one, the gate of its lock (chosen by the lock's
 //!   first key: the node its attempts ask first), and at the others when that one does not
 //!   confirm its subscription.

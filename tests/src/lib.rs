@@ -31,15 +31,16 @@ pub mod sections;
 
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
-pub use harness::etcd::{ETCD_BINARY_ENV, EtcdCluster, EtcdStore, etcd_key};
+pub use harness::etcd::{ETCD_BINARY_ENV, ETCD_ELECTION_TIMEOUT, EtcdCluster, EtcdStore, etcd_key};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, callers_connection,
-    eventually, key_exists, pause_writes, ping_error_code, wait_key_gone, warm_up,
+    callers_connections, eventually, key_exists, pause_writes, ping_error_code, wait_key_gone,
+    warm_up,
 };
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::{SentinelOptions, SentinelSet};
-pub use harness::server::{RedisMasters, RedisServer, ServerOptions};
+pub use harness::server::{RedisMasters, RedisServer, ServerOptions, Stats};
 pub use harness::store::{LockStore, RedisStore, SHORT_TTL};
 pub use harness::tls::TestCa;
 pub use harness::util::{

@@ -1,7 +1,8 @@
 //! Calls from a caller's multi-thread runtime go over a connection of that runtime (one per
-//! runtime and node), made after the node's shared connection; other callers (current-thread
-//! runtimes, runtimes without IO or time, sync code) go over the shared connection. Each test
-//! makes its own client, so the connections it counts are its own.
+//! runtime and node, on a single node and on each Redlock node), made after the node's shared
+//! connection; other callers (current-thread runtimes, runtimes without IO or time, sync code) go
+//! over the shared connection. Each test makes its own client, so the connections it counts are
+//! its own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::{
-    RedisServer, SCHEDULING_SLACK, bounded, callers_connection, unique_key, wait_until,
+    RedisMasters, RedisServer, SCHEDULING_SLACK, bounded, callers_connection, callers_connections,
+    unique_key, wait_until,
 };
 
 fn kill(server: &RedisServer, id: u64) {
@@ -84,6 +86,42 @@ fn each_callers_runtime_has_its_own_connection_and_it_closes_with_the_runtime() 
         || !server.client_ids().contains(&own),
     );
     second.block_on(pair(&client, &key)).unwrap();
+}
+
+/// Under Redlock too: once the runtime's own connection to every node is made, its calls go over
+/// them (each node's part of a call is polled by the call itself until the quorum decides, and
+/// the parts left then go on over the same connections): with every shared connection killed,
+/// twenty more calls succeed and no shared connection is made again.
+#[test]
+fn redlock_calls_go_over_the_runtimes_own_connection_to_every_node() {
+    let masters = RedisMasters::start(3);
+    let client = LockClient::new(LockConfig::redlock(masters.urls())).unwrap();
+    let key = unique_key("callers:redlock");
+    let runtime = multi_thread();
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    let pairs = runtime.block_on(callers_connections(&nodes, &client));
+    for (node, (shared, _)) in nodes.iter().zip(&pairs) {
+        kill(node, *shared);
+    }
+    runtime.block_on(async {
+        for _ in 0..20 {
+            pair(&client, &key).await.unwrap();
+        }
+    });
+    // The last node's release may still be on its way when the call returns.
+    wait_until(SETTLE, "every node's release is answered", || {
+        nodes
+            .iter()
+            .all(|node| !lock_tests::key_exists(node, &lock_tests::lock_keys(&key).lock))
+    });
+    for (node, (_, own)) in nodes.iter().zip(&pairs) {
+        assert_eq!(
+            node.client_ids(),
+            vec![*own],
+            "the calls went over the runtime's own connection to {}",
+            node.url()
+        );
+    }
 }
 
 /// A current-thread runtime, a multi-thread one without IO, one without time, and sync callers

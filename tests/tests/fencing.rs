@@ -42,6 +42,37 @@ async fn fencing_tokens_grow_after_the_counter_is_deleted() {
     assert_eq!(server.command_calls("multi"), 4);
 }
 
+/// Without a fence (`fencing(false)`, and Redlock's default) nothing ties a grant to a counter:
+/// a plain lock is asked for with `SET NX PX GET` and `PTTL` alone, no transaction and no
+/// script, and a second client is still refused while it is held.
+#[tokio::test]
+async fn without_a_fence_a_lock_is_asked_for_without_a_transaction() {
+    let server = RedisServer::start();
+    let [holder, other] = [(); 2].map(|()| client(LockConfig::single(server.url()).fencing(false)));
+    let key = unique_key("life:unfenced");
+    let calls = || {
+        let stats = server.stats();
+        ["multi", "evalsha", "set", "pttl"].map(|command| stats.command(command, "calls"))
+    };
+    let before = calls();
+    let guard = holder.lock(&key).acquire().await.unwrap();
+    assert_eq!(guard.fencing_token(), None);
+    assert!(key_exists(&server, &lock_keys(&key).lock), "not granted");
+    match other.lock(&key).acquire().await {
+        Err(LockError::Contended { .. }) => {}
+        refused => panic!("a second client got {refused:?} while the lock was held"),
+    }
+    let after = calls();
+    let asked: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        asked,
+        [0, 0, 2, 2],
+        "MULTI, EVALSHA, SET, PTTL for a grant and a refusal"
+    );
+    guard.release().await.unwrap();
+    assert!(!key_exists(&server, &lock_keys(&key).lock), "not released");
+}
+
 /// A name new to a client that has read the server's clock (on another name) is taken in one
 /// transaction that seeds its counter at that clock: no script, and a token above every token
 /// the name had before its counter was lost.
@@ -427,4 +458,80 @@ async fn fencing_tokens_keep_growing_across_a_restart_without_persistence() {
     eprintln!("fencing token {before} before the restart, {after} after");
     assert!(after > before, "token went back from {before} to {after}");
     guard.release().await.unwrap();
+}
+
+/// How long a fence counter lives after its name's last grant (DEPLOYING.md).
+const COUNTER_IDLE: Duration = Duration::from_secs(3600);
+
+/// The time `key`'s fence counter has left, checked against the hour its last grant (asked at
+/// `asked`) gave it: no less than the hour less the time since the ask, never more.
+fn assert_counter_lives_an_hour(server: &RedisServer, key: &str, asked: Instant, path: &str) {
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_keys(key).fence)
+        .query(&mut server.admin())
+        .unwrap();
+    let left = u64::try_from(pttl)
+        .map(Duration::from_millis)
+        .unwrap_or_else(|_| panic!("{path}: the counter has no expiry (PTTL {pttl})"));
+    assert!(
+        left <= COUNTER_IDLE && left + asked.elapsed() + ms(1) >= COUNTER_IDLE,
+        "{path}: the counter lives {left:?}, not an hour from its grant"
+    );
+}
+
+/// A fence counter is not kept forever: every path that grants a token leaves its counter an
+/// hour to live, counted from that grant (a name used once, as a lock per request or per user
+/// is, leaves nothing behind after the hour). Its next grant after that starts from the clock,
+/// as after a deletion (`fencing_tokens_grow_after_the_counter_is_deleted`).
+#[tokio::test]
+async fn every_grant_leaves_its_fence_counter_an_hour_to_live() {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    // A reading of the server's clock: the next new name is seeded in the transaction.
+    warm_up(&locks).await;
+    let key = unique_key("life:fence-idle");
+    let grant = |lock: lock_runtime::Lock| async move {
+        let asked = Instant::now();
+        let guard = lock.acquire().await.unwrap();
+        assert!(guard.fencing_token().is_some_and(|t| t > 0));
+        guard.release().await.unwrap();
+        asked
+    };
+    let transactions = server.command_calls("multi");
+    let asked = grant(locks.lock(&key)).await;
+    assert_counter_lives_an_hour(&server, &key, asked, "a new name's seeding transaction");
+    // Nearly run out: the next grant (counting on, in the transaction) gives it the hour again.
+    let () = redis::cmd("PEXPIRE")
+        .arg(lock_keys(&key).fence)
+        .arg(5_000)
+        .query(&mut server.admin())
+        .unwrap();
+    let asked = grant(locks.lock(&key)).await;
+    assert_counter_lives_an_hour(&server, &key, asked, "the counting transaction");
+    assert_eq!(server.command_calls("multi"), transactions + 2);
+    // Far behind the clock, without expiry: the transaction's token is raised by the script.
+    let () = redis::cmd("SET")
+        .arg(lock_keys(&key).fence)
+        .arg(1)
+        .query(&mut server.admin())
+        .unwrap();
+    let scripts = server.command_calls("evalsha");
+    let asked = grant(locks.lock(&key)).await;
+    // The raise ran: the transaction, then the script (and the release's).
+    assert_eq!(server.command_calls("multi"), transactions + 3);
+    assert_eq!(
+        server.command_calls("evalsha"),
+        scripts + 2,
+        "no raise to the clock"
+    );
+    assert_counter_lives_an_hour(&server, &key, asked, "the raise to the clock");
+    // The scripts' own grants.
+    let (fair, permits) = (
+        unique_key("life:fence-idle-fair"),
+        unique_key("life:fence-idle-permits"),
+    );
+    let asked = grant(locks.lock(&fair).fair(true)).await;
+    assert_counter_lives_an_hour(&server, &fair, asked, "a fair lock");
+    let asked = grant(locks.lock(&permits).permits(3)).await;
+    assert_counter_lives_an_hour(&server, &permits, asked, "a permit");
 }

@@ -1,6 +1,6 @@
-//! Where a plain lock's transaction (`Calls::acquire_plain`: `SET NX`, `INCR`, `TIME`, `PTTL` in
-//! one MULTI/EXEC, about half the server's CPU of the `ACQUIRE` script) can take its fencing
-//! token, and where the script must.
+//! Where a plain lock's transaction (`Calls::acquire_plain`: `SET NX`, `INCR`, `PEXPIRE`,
+//! `TIME`, `PTTL` in one MULTI/EXEC, about half the server's CPU of the `ACQUIRE` script) can
+//! take its fencing token, and where the script must.
 //!
 //! The rule the transaction keeps is the scripts' (see `scripts::FENCE`): no token is further
 //! than [`scripts::FENCE_LAG_US`] below its grant's server clock. A counter counts on from

@@ -115,19 +115,25 @@ return deleted
 });
 
 /// KEYS: fence keys. ARGV: one value per key. Raises each fence counter to at least its value
-/// (Redlock: the tokens a quorum granted, written back so that every later majority includes a
-/// node that has seen them).
+/// (Redlock: the tokens a quorum granted, written back to a majority of the granting nodes so
+/// that every later majority includes a node that has seen them).
+///
+/// The counters it raises, and those it finds higher, live [`FENCE_IDLE`] from now (see
+/// [`FENCE`]).
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(&[
+        FENCE_IDLE_LUA,
         r"
 for i = 1, #KEYS do
   if tonumber(redis.call('GET', KEYS[i]) or '0') < tonumber(ARGV[i]) then
-    redis.call('SET', KEYS[i], ARGV[i])
+    redis.call('SET', KEYS[i], ARGV[i], 'PX', IDLE_MS)
+  else
+    redis.call('PEXPIRE', KEYS[i], IDLE_MS)
   end
 end
 return 1
 ",
-    )
+    ])
 });
 
 /// KEYS: lock. ARGV: the publish command (as for [`RELEASE`]), release channel. Deletes the
@@ -166,6 +172,20 @@ if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 /// [`SEED_FENCE`]. The scripts never let a grant's token lag at all.
 pub(crate) const FENCE_LAG_US: i64 = 100_000;
 
+/// How long a fence counter lives after its name's last grant: every grant (and every refused
+/// transaction's `INCR`) sets its expiry to this. A name granted once a day does not keep a key
+/// forever; its next grant starts from the server's clock, as after any loss of the counter
+/// (see [`FENCE`]).
+///
+/// The expiry runs on the server's clock, as the tokens do: a counter expires only once that
+/// clock is an hour past its last grant, so the next token (at least that clock, less
+/// [`FENCE_LAG_US`]) is larger than every token before, unless the clock went back by more than
+/// the hour while the counter lived.
+pub(crate) const FENCE_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// [`FENCE_IDLE`] for the scripts, in milliseconds, as `IDLE_MS`.
+const FENCE_IDLE_LUA: &str = "local IDLE_MS = 3600000\n";
+
 /// Lua that defines `grant_fence(k, ours)` and `new_fence(k)`: the fencing token of a grant for
 /// fence counter `k` (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`: a resent
 /// attempt whose earlier grant's reply was lost, or a fair hand-off's waiter) answers the current
@@ -183,15 +203,20 @@ pub(crate) const FENCE_LAG_US: i64 = 100_000;
 /// transaction's path) and, at fewer than one grant per microsecond, at most about that clock,
 /// so a token handed out after the loss exceeds every token before it as long as the clock did
 /// not go back by more than the time between the two grants, less the lag.
+///
+/// Every counter it counts on, raises or answers lives [`FENCE_IDLE`] from now.
 const FENCE: &str = r"
 local LAG_US = 100000
+local IDLE_MS = 3600000
 local function new_fence(k)
   local f = redis.call('INCR', k)
   local t = redis.call('TIME')
   local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if f < clock then
     f = clock
-    redis.call('SET', k, f)
+    redis.call('SET', k, f, 'PX', IDLE_MS)
+  else
+    redis.call('PEXPIRE', k, IDLE_MS)
   end
   return f
 end
@@ -200,7 +225,10 @@ local function grant_fence(k, ours)
   local f = ours and tonumber(redis.call('GET', k) or '')
   if f and f >= 1e15 then
     local t = redis.call('TIME')
-    if f >= tonumber(t[1]) * 1000000 + tonumber(t[2]) - LAG_US then return f end
+    if f >= tonumber(t[1]) * 1000000 + tonumber(t[2]) - LAG_US then
+      redis.call('PEXPIRE', k, IDLE_MS)
+      return f
+    end
   end
   return new_fence(k)
 end
@@ -539,6 +567,16 @@ mod tests {
         assert!(
             FENCE.contains(&format!("local LAG_US = {FENCE_LAG_US}\n")),
             "FENCE's LAG_US must equal FENCE_LAG_US"
+        );
+    }
+
+    #[test]
+    fn the_scripts_counters_live_as_long_as_the_transactions() {
+        let idle = format!("local IDLE_MS = {}\n", FENCE_IDLE.as_millis());
+        assert_eq!(FENCE_IDLE_LUA, idle);
+        assert!(
+            FENCE.contains(&idle),
+            "FENCE's IDLE_MS must equal FENCE_IDLE"
         );
     }
 }

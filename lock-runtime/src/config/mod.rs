@@ -297,11 +297,13 @@ impl LockConfig {
     /// resource can use to reject a superseded holder. Default: on for single-node and in-memory
     /// locks, off for Redlock.
     ///
-    /// The counter lives in Redis forever (one small key per lock name); turn fencing off when lock
-    /// names are unbounded and nothing checks the token. In Redlock mode the token is the largest
-    /// of the granting nodes' counters, written back to a majority before the lock is handed out
-    /// (one more round trip per acquire), so every later majority sees it; it is monotonic as long
-    /// as no node loses its counters (`appendfsync always`).
+    /// The counter is one small key per lock name in Redis, which lives an hour after the name's
+    /// last grant; the next grant after that starts from the server's clock in microseconds, so
+    /// tokens still grow unless that clock went back by more than the hour meanwhile. In Redlock
+    /// mode the token is the largest of the granting nodes' counters, written back to a majority
+    /// of those nodes before the lock is handed out (one more round trip per acquire), so every
+    /// later majority sees it; it is monotonic as long as no node loses its counters
+    /// (`appendfsync always`).
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.settings.fencing = Some(enabled);
         self

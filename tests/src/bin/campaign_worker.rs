@@ -64,7 +64,10 @@ fn main() -> ExitCode {
         let (client, args) = (client.clone(), clone_args(&args));
         std::thread::spawn(move || run_blocking(&client, &args, deadline))
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // As `#[tokio::main]` builds it: the async tasks' calls go over this runtime's own
+    // connections (a single node, Redlock's nodes), the sync thread's over the shared ones.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
     {

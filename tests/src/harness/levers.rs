@@ -289,26 +289,41 @@ pub async fn callers_connection(
     server: &RedisServer,
     locks: &lock_runtime::LockClient,
 ) -> (u64, u64) {
+    callers_connections(&[server], locks).await[0]
+}
+
+/// [`callers_connection`] for every server of `locks` (Redlock's nodes): `(shared, own)` per
+/// server, once the runtime's own connection to each carries its calls.
+pub async fn callers_connections(
+    servers: &[&RedisServer],
+    locks: &lock_runtime::LockClient,
+) -> Vec<(u64, u64)> {
     const SETTLE: Duration = Duration::from_secs(2);
-    let clients = || tokio::task::block_in_place(|| server.clients());
     let deadline = std::time::Instant::now() + SETTLE;
     loop {
         warm_up(locks).await;
-        let clients = clients();
+        let clients: Vec<_> =
+            tokio::task::block_in_place(|| servers.iter().map(|server| server.clients()).collect());
         // Ids grow: the shared connection was made first.
-        if let [(shared, _), (own, cmd)] = &clients[..]
-            && shared < own
-            && cmd.starts_with("eval")
-        {
-            return (*shared, *own);
+        let pairs: Vec<(u64, u64)> = clients
+            .iter()
+            .filter_map(|clients| match &clients[..] {
+                [(shared, _), (own, cmd)] if shared < own && cmd.starts_with("eval") => {
+                    Some((*shared, *own))
+                }
+                _ => None,
+            })
+            .collect();
+        if pairs.len() == servers.len() {
+            return pairs;
         }
         assert!(
-            clients.len() <= 2,
+            clients.iter().all(|c| c.len() <= 2),
             "only the shared connection and the runtime's: {clients:?}"
         );
         assert!(
             std::time::Instant::now() < deadline,
-            "the runtime's own connection carries its calls: not so after {SETTLE:?}: {clients:?}"
+            "the runtime's own connections carry its calls: not so after {SETTLE:?}: {clients:?}"
         );
         tokio::time::sleep(POLL).await;
     }

@@ -199,24 +199,6 @@ impl RedisServer {
         self.command_stat(command, "calls")
     }
 
-    /// One counter of `command` in `INFO commandstats` (`calls`, `rejected_calls`, ...); 0 when
-    /// the command never came.
-    pub fn command_stat(&self, command: &str, stat: &str) -> u64 {
-        let info = self.info("commandstats");
-        let prefix = format!("cmdstat_{command}:");
-        info.lines()
-            .find_map(|line| line.strip_prefix(prefix.as_str()))
-            .and_then(|fields| {
-                fields
-                    .split(',')
-                    .find_map(|field| field.strip_prefix(stat)?.strip_prefix('='))
-            })
-            .map_or(0, |n| {
-                n.parse()
-                    .unwrap_or_else(|e| panic!("{stat} of {command} in {info:?}: {e}"))
-            })
-    }
-
     /// How many subscriptions listen for the releases of the lock whose release channel is
     /// `channel`: to `channel` itself (`PUBSUB NUMSUB`), and to the own channels of its queued
     /// waiters, `channel{<digest>}` (`PUBSUB CHANNELS`).
@@ -325,6 +307,29 @@ impl RedisServer {
     /// Whether the process is running (not stopped by [`stop`](Self::stop)).
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// One counter of `command` in `INFO commandstats` (`calls`, `rejected_calls`, ...); 0 when
+    /// the command never came.
+    pub fn command_stat(&self, command: &str, stat: &str) -> u64 {
+        self.stats().command(command, stat)
+    }
+
+    /// How many replies were the error `code` (e.g. `NOSCRIPT`) since start, from
+    /// `INFO errorstats`; 0 when there was none.
+    pub fn error_count(&self, code: &str) -> u64 {
+        self.stats().errors(code)
+    }
+
+    /// `INFO commandstats errorstats` in one reply: counters that are compared with each other
+    /// are read at one moment.
+    pub fn stats(&self) -> Stats {
+        let info = redis::cmd("INFO")
+            .arg("commandstats")
+            .arg("errorstats")
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("INFO on port {} failed: {e}", self.port));
+        Stats { info }
     }
 
     /// `INFO <section>` as admin.
@@ -649,4 +654,42 @@ fn glob_escape(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// The command and error counters of one server at one moment (see [`RedisServer::stats`]).
+#[derive(Debug)]
+pub struct Stats {
+    info: String,
+}
+
+impl Stats {
+    /// One counter of `command` (lowercase, e.g. `evalsha`): `calls`, `failed_calls`, ...; 0
+    /// when the command never came.
+    pub fn command(&self, command: &str, stat: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:");
+        self.info
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|fields| {
+                fields
+                    .split(',')
+                    .find_map(|field| field.strip_prefix(stat)?.strip_prefix('='))
+            })
+            .map_or(0, |n| self.number(n, &prefix))
+    }
+
+    /// How many replies were the error `code` (e.g. `NOSCRIPT`); 0 when there was none.
+    pub fn errors(&self, code: &str) -> u64 {
+        let prefix = format!("errorstat_{code}:count=");
+        self.info
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map_or(0, |n| self.number(n, &prefix))
+    }
+
+    fn number(&self, n: &str, what: &str) -> u64 {
+        n.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{what} in {:?}: {e}", self.info))
+    }
 }

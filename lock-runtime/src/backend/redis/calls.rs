@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisResult, Script, ScriptInvocation, Value};
+use redis::{Cmd, FromRedisValue, RedisResult, Script, ScriptInvocation, ToRedisArgs, Value};
 
 use super::keys::{KeyKind, LockKeys, redis_keys};
 use crate::backend::fences::{FENCE_LAG, FencePaths, TxFence};
@@ -121,23 +121,34 @@ impl Calls {
         &self,
         conn: &C,
         what: &str,
-        script: &Script,
-        invocation: &ScriptInvocation<'_>,
+        call: &ScriptCall,
     ) -> Result<i64, NodeFailure> {
         let mut conn = conn.clone();
-        let bit = scripts::let_go_bit(script);
+        let bit = scripts::let_go_bit(call.script);
         let preload = self
             .let_go_loaded
             .as_ref()
             .is_some_and(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
-        let reply = if preload {
+        let loaded_with = |call: &ScriptCall| {
             let mut pipe = redis::pipe();
-            pipe.load_script(script).ignore().invoke_script(invocation);
-            self.bounded(what, pipe.query_async::<(i64,)>(&mut conn))
+            pipe.load_script(call.script)
+                .ignore()
+                .add_command(call.cmd.clone());
+            pipe
+        };
+        let reply = if preload {
+            self.bounded(what, loaded_with(call).query_async::<(i64,)>(&mut conn))
                 .await
                 .map(|(value,)| value)
         } else {
-            self.bounded(what, invocation.invoke_async(&mut conn)).await
+            match self.bounded(what, call.cmd.query_async(&mut conn)).await {
+                // The server lost its script cache (restart, SCRIPT FLUSH): load it with the call.
+                Err(failure) if lost_script(&failure) => self
+                    .bounded(what, loaded_with(call).query_async::<(i64,)>(&mut conn))
+                    .await
+                    .map(|(value,)| value),
+                reply => reply,
+            }
         };
         if let Some(loaded) = &self.let_go_loaded {
             match &reply {
@@ -203,10 +214,6 @@ impl Calls {
             .bounded(what, pipe.query_async::<(T, u32)>(&mut *conn))
             .await;
         // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
-        let lost_script = |f: &NodeFailure| {
-            f.kind == crate::error::FailureKind::Response
-                && (f.detail.contains("NOSCRIPT") || f.detail.contains("NoScript"))
-        };
         if reply.as_ref().is_err_and(lost_script) {
             self.bounded("script load", script.load_async(&mut *conn))
                 .await?;
@@ -523,9 +530,16 @@ impl Calls {
 
     /// A plain lock of one key, asked for with `SET NX PX GET`, the fence's `INCR` (after
     /// `SET NX` of a seed, for a name whose counter most likely does not exist: see
-    /// [`FencePaths`]), `TIME` and `PTTL` in one MULTI/EXEC instead of the `ACQUIRE` script: the
-    /// same answer for about half of Redis's CPU. A refused transaction counts the fence on
-    /// without a grant, which only leaves a gap.
+    /// [`FencePaths`]) and `PEXPIRE`, `TIME` and `PTTL` in one MULTI/EXEC instead of the
+    /// `ACQUIRE` script: the same answer for about half of Redis's CPU. A refused transaction
+    /// counts the fence on without a grant, which only leaves a gap.
+    ///
+    /// The transaction is what ties a grant to its fence: with the `SET` and the `INCR` apart,
+    /// another grant of the name could land between them (ours deleted by a forced release, on a
+    /// server that read our commands in two reads) and take the smaller token although it came
+    /// later. Without a fence (`TxFence::Off`: Redlock's default, `fencing(false)`) nothing needs
+    /// tying, as the `PTTL` only bounds a refused caller's wait: `SET` and `PTTL` go as a plain
+    /// pipeline, two commands and two replies instead of four and an array.
     /// `None` when the script must answer: the key holds our token already (a resent attempt:
     /// the script refreshes it), is of another type (a shared lock or semaphore: the script
     /// marks a waiting writer or reports the mismatch), or the server refused the transaction.
@@ -538,27 +552,50 @@ impl Calls {
         fencing: TxFence,
     ) -> Option<Result<Attempt, NodeFailure>> {
         let keys = self.lock_keys(name);
-        let lock = keys.of(KeyKind::Lock);
-        let fence = (fencing != TxFence::Off).then(|| keys.of(KeyKind::Fence));
+        let lock = keys.arg(KeyKind::Lock);
+        let fence = (fencing != TxFence::Off).then(|| keys.arg(KeyKind::Fence));
+        // Each command sized up front: no buffer grows while it is written.
+        let command = |name: &str, args: usize, bytes: usize| {
+            let mut cmd = Cmd::with_capacity(args + 1, name.len() + bytes);
+            cmd.arg(name);
+            cmd
+        };
         // MULTI and EXEC written out in a plain pipeline, not as redis-rs's atomic pipeline: that
         // one loses count of the replies when the server refuses the MULTI itself.
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors()
-            .cmd("MULTI")
-            .cmd("SET")
-            .arg(&lock)
+        let mut pipe = redis::Pipeline::with_capacity(if fence.is_some() { 8 } else { 2 });
+        let mut set = command("SET", 6, lock.len() + token.as_str().len() + 32);
+        set.arg(&lock)
             .arg(token.as_str())
             .arg("NX")
             .arg("PX")
             .arg(millis(ttl))
             .arg("GET");
+        pipe.ignore_errors();
+        if fence.is_some() {
+            pipe.add_command(command("MULTI", 0, 0));
+        }
+        pipe.add_command(set);
         if let Some(fence) = &fence {
             if let TxFence::Seed(seed) = fencing {
-                pipe.cmd("SET").arg(fence).arg(seed).arg("NX");
+                let mut seeding = command("SET", 3, fence.len() + 24);
+                seeding.arg(fence).arg(seed).arg("NX");
+                pipe.add_command(seeding);
             }
-            pipe.cmd("INCR").arg(fence).cmd("TIME");
+            let mut incr = command("INCR", 1, fence.len());
+            incr.arg(fence);
+            // The counter lives an hour past its name's last grant (see `scripts::FENCE_IDLE`).
+            let mut expire = command("PEXPIRE", 2, fence.len() + 8);
+            expire.arg(fence).arg(millis(scripts::FENCE_IDLE));
+            pipe.add_command(incr)
+                .add_command(expire)
+                .add_command(command("TIME", 0, 0));
         }
-        pipe.cmd("PTTL").arg(&lock).cmd("EXEC");
+        let mut pttl = command("PTTL", 1, lock.len());
+        pttl.arg(&lock);
+        pipe.add_command(pttl);
+        if fence.is_some() {
+            pipe.add_command(command("EXEC", 0, 0));
+        }
         let mut c = conn.clone();
         let replies: Vec<Value> = match self.bounded("acquire", pipe.query_async(&mut c)).await {
             Ok(replies) => replies,
@@ -570,30 +607,26 @@ impl Calls {
                 "acquire: unexpected reply",
             )))
         };
-        let (Some(Value::Okay), Some(exec)) = (replies.first(), replies.last()) else {
-            // The server refused the MULTI, and so ran the other commands on their own: the
-            // script finds the lock ours if that `SET` took it. The refusal stays the same (an
-            // ACL without MULTI and EXEC), so the script answers from now on.
-            self.plain.store(false, Ordering::Relaxed);
-            return None;
-        };
-        let results = match exec {
-            Value::Array(results) => results,
-            Value::ServerError(refused)
-                if refused.details().is_some_and(|d| d.contains("NOPERM")) =>
-            {
-                // An ACL with MULTI but without EXEC (the server then discards the transaction
-                // itself): the script from now on.
-                self.plain.store(false, Ordering::Relaxed);
-                return None;
+        let results = if fence.is_none() {
+            replies
+        } else {
+            match Self::executed(replies) {
+                Ok(results) => results,
+                Err(refused) => {
+                    if refused {
+                        // The refusal stays the same (an ACL without MULTI or EXEC), so the
+                        // script answers from now on.
+                        self.plain.store(false, Ordering::Relaxed);
+                    }
+                    return None;
+                }
             }
-            // The server refused the transaction (out of memory, a read-only replica): the
-            // script says why in its own words.
-            _ => return None,
         };
         let (set, counted, pttl) = match (results.as_slice(), fencing) {
-            ([set, _, counted, clock, pttl], TxFence::Seed(_))
-            | ([set, counted, clock, pttl], TxFence::Count) => (set, Some((counted, clock)), pttl),
+            ([set, _, counted, _, clock, pttl], TxFence::Seed(_))
+            | ([set, counted, _, clock, pttl], TxFence::Count) => {
+                (set, Some((counted, clock)), pttl)
+            }
             ([set, pttl], TxFence::Off) => (set, None, pttl),
             _ => return unexpected(),
         };
@@ -610,7 +643,13 @@ impl Calls {
                 };
                 return Some(Ok(Attempt::Held {
                     index: 0,
-                    pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                    pttl: match *pttl {
+                        // The holder let go between the `SET` and the `PTTL` (not tied without
+                        // a fence): ask again soon.
+                        -2 => Some(Duration::ZERO),
+                        // -1: no expiry (set by someone else without one): wait by backoff.
+                        pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
+                    },
                     ticket: None,
                 }));
             }
@@ -655,6 +694,26 @@ impl Calls {
         Some(Ok(Attempt::Acquired { fences }))
     }
 
+    /// The results of a MULTI/EXEC sent as a plain pipeline, or `Err(for_good)` when the server
+    /// did not run the transaction. `for_good`: an ACL refused the MULTI (the server then ran the
+    /// other commands on their own: the script finds the lock ours if that `SET` took it) or the
+    /// EXEC (the server discarded the transaction itself). Otherwise it refused the transaction
+    /// for now (out of memory, a read-only replica), and the script says why in its own words.
+    fn executed(mut replies: Vec<Value>) -> Result<Vec<Value>, bool> {
+        if !matches!(replies.first(), Some(Value::Okay)) {
+            return Err(true);
+        }
+        match replies.pop() {
+            Some(Value::Array(results)) => Ok(results),
+            Some(Value::ServerError(refused))
+                if refused.details().is_some_and(|d| d.contains("NOPERM")) =>
+            {
+                Err(true)
+            }
+            _ => Err(false),
+        }
+    }
+
     /// Takes back a grant of `name` that has no fence (the counter is not a number, or seeding
     /// it failed): no fence, no lock. Returns `failure`, saying so if the withdrawal failed too
     /// (then the lock expires by its ttl, or the caller's release by token takes it back).
@@ -686,57 +745,48 @@ impl Calls {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
-        let channel = |keys: &LockKeys| {
-            if wake {
-                keys.of(KeyKind::Released)
-            } else {
-                String::new()
-            }
-        };
-        let (script, mut invocation): (&Script, _);
-        match (mode, names) {
+        let call = match (mode, names) {
             (Mode::Exclusive, _) if names.len() > 1 => {
-                script = &*scripts::RELEASE;
-                invocation = script.prepare_invoke();
-                invocation.arg(token.as_str()).arg(self.publish);
-                for name in names {
-                    let keys = self.lock_keys(name);
-                    invocation.key(keys.of(KeyKind::Lock)).arg(channel(&keys));
+                let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+                let mut call = ScriptCall::new(&scripts::RELEASE, keys.len());
+                call.locks(&keys).arg(token.as_str()).arg(self.publish);
+                for k in &keys {
+                    call.channel(k, wake);
                 }
+                call
             }
             (Mode::Exclusive | Mode::Fair, _) => {
                 // One key with a queue: a fair lock's waiters, or a plain lock's that waited past
                 // their threshold. Always with its channel, withdrawal or not: leaving the queue
                 // may hand the lock to the next waiter, who must be woken.
                 let keys = self.lock_keys(&names[0]);
-                script = if mode == Mode::Fair {
-                    &*scripts::FAIR_RELEASE
+                let script = if mode == Mode::Fair {
+                    &scripts::FAIR_RELEASE
                 } else {
-                    &*scripts::EXCLUSIVE_RELEASE
+                    &scripts::EXCLUSIVE_RELEASE
                 };
-                invocation = script.prepare_invoke();
-                invocation
-                    .key(keys.of(KeyKind::Lock))
-                    .key(keys.of(KeyKind::Fence))
-                    .key(keys.of(KeyKind::Queue))
-                    .key(keys.of(KeyKind::QueueLeases))
+                let mut call = ScriptCall::new(script, 4);
+                call.arg(keys.arg(KeyKind::Lock))
+                    .arg(keys.arg(KeyKind::Fence))
+                    .arg(keys.arg(KeyKind::Queue))
+                    .arg(keys.arg(KeyKind::QueueLeases))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(keys.of(KeyKind::Released))
+                    .arg(keys.arg(KeyKind::Released))
                     .arg(if wake { "1" } else { "0" });
+                call
             }
             (Mode::Shared | Mode::Permits(_), _) => {
                 let keys = self.lock_keys(&names[0]);
-                script = &*scripts::SHARED_RELEASE;
-                invocation = script.prepare_invoke();
-                invocation
-                    .key(keys.of(KeyKind::Lock))
+                let mut call = ScriptCall::new(&scripts::SHARED_RELEASE, 1);
+                call.arg(keys.arg(KeyKind::Lock))
                     .arg(token.as_str())
                     .arg(self.publish)
-                    .arg(channel(&keys));
+                    .channel(&keys, wake);
+                call
             }
-        }
-        let deleted = self.let_go(conn, "release", script, &invocation).await?;
+        };
+        let deleted = self.let_go(conn, "release", &call).await?;
         Ok(usize::try_from(deleted) == Ok(names.len()))
     }
 
@@ -750,14 +800,10 @@ impl Calls {
         token: &Token,
         left: Duration,
     ) -> Result<bool, NodeFailure> {
-        let mut invocation = scripts::EXTEND.prepare_invoke();
-        for name in names {
-            invocation.key(self.lock_keys(name).of(KeyKind::Lock));
-        }
-        invocation.arg(token.as_str()).arg(millis_up(left));
-        let kept = self
-            .let_go(conn, "release for min_hold", &scripts::EXTEND, &invocation)
-            .await?;
+        let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+        let mut call = ScriptCall::new(&scripts::EXTEND, keys.len());
+        call.locks(&keys).arg(token.as_str()).arg(millis_up(left));
+        let kept = self.let_go(conn, "release for min_hold", &call).await?;
         Ok(kept == 1)
     }
 
@@ -776,6 +822,50 @@ impl Calls {
         self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
             .await
             .map(drop)
+    }
+}
+
+/// Whether `failure` says that the server does not have the script (a restart, `SCRIPT FLUSH`).
+fn lost_script(failure: &NodeFailure) -> bool {
+    failure.kind == FailureKind::Response
+        && (failure.detail.contains("NOSCRIPT") || failure.detail.contains("NoScript"))
+}
+
+/// A script's `EVALSHA`, its keys and arguments written straight into one command (a
+/// [`ScriptInvocation`] keeps each in a buffer of its own, then copies them into the command: two
+/// allocations per key or argument, on every release). The keys go first.
+struct ScriptCall {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl ScriptCall {
+    fn new(script: &'static Script, keys: usize) -> Self {
+        let mut cmd = Cmd::with_capacity(11 + keys, 400);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        ScriptCall { script, cmd }
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The lock key of each of `keys`.
+    fn locks(&mut self, keys: &[LockKeys]) -> &mut Self {
+        for k in keys {
+            self.arg(k.arg(KeyKind::Lock));
+        }
+        self
+    }
+
+    /// The release channel of `keys` with `wake`, else an empty one (the release wakes nobody).
+    fn channel(&mut self, keys: &LockKeys, wake: bool) -> &mut Self {
+        if wake {
+            self.arg(keys.arg(KeyKind::Released))
+        } else {
+            self.arg("")
+        }
     }
 }
 

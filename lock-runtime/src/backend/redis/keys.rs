@@ -53,6 +53,36 @@ impl LockKeys {
     pub(crate) fn of(&self, kind: KeyKind) -> String {
         [&*self.head, kind.suffix(), &*self.tail].concat()
     }
+
+    /// The key (or channel) of `kind` as a command argument, written into the command in place
+    /// (no `String` of its own).
+    pub(crate) fn arg(&self, kind: KeyKind) -> KeyArg<'_> {
+        KeyArg { keys: self, kind }
+    }
+}
+
+/// See [`LockKeys::arg`].
+pub(crate) struct KeyArg<'a> {
+    keys: &'a LockKeys,
+    kind: KeyKind,
+}
+
+impl KeyArg<'_> {
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.head.len() + self.kind.suffix().len() + self.keys.tail.len()
+    }
+}
+
+impl redis::ToRedisArgs for KeyArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's buffer: they cannot fail.
+        for part in [&*self.keys.head, self.kind.suffix(), &*self.keys.tail] {
+            let _ = arg.write_all(part.as_bytes());
+        }
+    }
 }
 
 /// One of a lock's Redis keys (or its release channel): what
@@ -188,6 +218,25 @@ mod tests {
         assert_eq!(keys("a{t}b")[0], "lock:{t}=a%7Bt%7Db");
         assert_eq!(keys("a{t}b")[1], "lock:{t}:fence=a%7Bt%7Db");
         assert_eq!(keys("odd{}")[0], "lock:{odd%7B%7D}");
+    }
+
+    #[test]
+    fn a_key_written_as_an_argument_is_the_key() {
+        for name in ["wallet:42", "a{t}b", "odd{}", "%"] {
+            let keys = LockKeys::new("lock:", name);
+            for kind in [
+                KeyKind::Lock,
+                KeyKind::Fence,
+                KeyKind::Released,
+                KeyKind::Queue,
+                KeyKind::QueueLeases,
+            ] {
+                let arg = keys.arg(kind);
+                let written = redis::ToRedisArgs::to_redis_args(&arg);
+                assert_eq!(written, vec![keys.of(kind).into_bytes()], "{name} {kind:?}");
+                assert_eq!(arg.len(), keys.of(kind).len());
+            }
+        }
     }
 
     #[test]

@@ -49,16 +49,19 @@ impl Locals {
         })
     }
 
-    /// The connection `route`'s call goes over: its caller's, when made before the call's first
-    /// request (the call then keeps it), else `None` (the shared one). Starts making the
-    /// caller's connection when it has none, once `shared_made` says the shared one is.
+    /// The connection `route`'s call goes over to this node: its caller's, when made before the
+    /// call's first request to this node (the call then keeps it), else `None` (the shared one).
+    /// Starts making the caller's connection when it has none, once `shared_made` says the shared
+    /// one is.
     pub(super) fn for_call(
         self: &Arc<Self>,
         route: &Route,
         shared_made: impl FnOnce() -> bool,
     ) -> Option<ConnectionManager> {
         let mut got = None;
-        let local = route.local(|| {
+        // This node's connections, as told apart from other nodes'.
+        let node = Arc::as_ptr(self) as usize;
+        let local = route.local(node, || {
             got = shared_made().then(|| self.get(route.caller())).flatten();
             got.is_some()
         });

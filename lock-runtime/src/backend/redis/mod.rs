@@ -61,8 +61,7 @@ impl std::fmt::Debug for RedisNode {
 impl RedisNode {
     /// Must run inside the library's runtime: the connection manager spawns its tasks there.
     /// `callers`: whether calls from callers' runtimes go over connections of their own (a
-    /// single node; not a Sentinel's master, which is replaced on failover, nor Redlock's
-    /// nodes, whose requests run as tasks of the library's runtime).
+    /// single node, and Redlock's nodes; not a Sentinel's master, which is replaced on failover).
     pub(crate) fn new(
         addr: &NodeAddr,
         field: &'static str,

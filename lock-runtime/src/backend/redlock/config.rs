@@ -71,7 +71,7 @@ impl ValidBackend for ValidRedlock {
             .nodes
             .iter()
             .map(|addr| -> Result<Arc<dyn Node>, LockError> {
-                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers), false)?;
+                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers), true)?;
                 Ok(Arc::new(node))
             })
             .collect::<Result<_, _>>()?;

@@ -5,20 +5,26 @@
 //! The requests a decision no longer waits for still run to the end in the background: after a
 //! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
 //! minority of nodes rather than sitting on a bare quorum), after a lost one they withdraw what
-//! they were granted. The operations of one token reach each node in order (one acquire call
-//! keeps its token across attempts): a late withdrawal never deletes a newer grant, a late grant
-//! never lands after the release.
+//! they were granted. Until the decision, the nodes' parts are polled by the call itself (see
+//! [`Fanout`]): a call from a caller's runtime then sends and reads its requests on that
+//! runtime's own connections, as on a single node. The operations of one token reach each node
+//! in order (one acquire call keeps its token across attempts): a late withdrawal never deletes a
+//! newer grant, a late grant never lands after the release.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use super::{
     Ask, Attempt, BoxFuture, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch,
 };
+use crate::callers::{self, Routed};
 use crate::error::NodeFailure;
 use crate::signal::Signal;
 mod config;
@@ -27,8 +33,8 @@ pub(crate) use config::RedlockConfig;
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
-    /// Every node's part of every operation runs as one of these tasks, to its end, also after
-    /// the decision; `shutdown` waits for them.
+    /// Every node's part of every operation runs to its end, also after the decision: in the
+    /// call until then, as one of these tasks after (see [`Fanout`]); `shutdown` waits for them.
     tasks: TaskTracker,
     quorum: usize,
     /// The latest acquire or release of each (lock, token) that still runs on some node.
@@ -148,6 +154,68 @@ impl Drop for OpEntry {
             .is_some_and(|current| Arc::ptr_eq(current, &self.signals))
         {
             in_flight.remove(&self.key);
+        }
+    }
+}
+
+/// The nodes' parts of one operation. Until the operation is decided they are polled by the call
+/// itself, in the caller's task: a call from a caller's runtime then writes and reads its requests
+/// on that runtime's own connection to each node (see `redis/local.rs`), as a hand-written loop
+/// does, instead of handing each over to the library's runtime and back. Once decided (or if the
+/// call stops waiting for it), the parts still running go on as a task of `tasks`, with the call's
+/// route: a frozen minority never holds up the caller, and no part is cut off halfway.
+struct Fanout {
+    running: FuturesUnordered<BoxFuture<'static, ()>>,
+    tasks: TaskTracker,
+    /// The runtime the rest runs on: the one whose context the call entered.
+    runtime: Option<Handle>,
+}
+
+impl Fanout {
+    fn new(tasks: &TaskTracker) -> Self {
+        Fanout {
+            running: FuturesUnordered::new(),
+            tasks: tasks.clone(),
+            runtime: Handle::try_current().ok(),
+        }
+    }
+
+    fn push(&mut self, part: impl Future<Output = ()> + Send + 'static) {
+        self.running.push(Box::pin(part));
+    }
+
+    /// The next of `replies`, polling the parts meanwhile; `None` once every sender is gone.
+    async fn next<T>(&mut self, replies: &mut mpsc::UnboundedReceiver<T>) -> Option<T> {
+        loop {
+            tokio::select! {
+                biased;
+                reply = replies.recv() => return reply,
+                Some(()) = self.running.next(), if !self.running.is_empty() => {}
+            }
+        }
+    }
+
+    /// Ends the parts that are done once the decision is out (kept grants), and lets the others
+    /// go on as a task.
+    fn decided(mut self) {
+        while let Some(Some(())) = self.running.next().now_or_never() {}
+    }
+}
+
+impl Drop for Fanout {
+    fn drop(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        let mut running = std::mem::take(&mut self.running);
+        let rest = Routed {
+            route: callers::current(),
+            work: Box::pin(async move { while running.next().await.is_some() {} }),
+        };
+        // Always set: the nodes' requests are bounded by tokio's timers, so the call runs in a
+        // runtime's context.
+        if let Some(runtime) = &self.runtime {
+            self.tasks.spawn_on(rest, runtime);
         }
     }
 }
@@ -350,12 +418,12 @@ impl Quorum {
         let n = self.nodes.len();
         let mut steps: Vec<Option<NodeStep>> = self.begin(token).into_iter().map(Some).collect();
         let gate = gate_of(&names[0], n);
-        let spawn = |step: NodeStep| {
+        let mut parts = Fanout::new(&self.tasks);
+        let start = |parts: &mut Fanout, step: NodeStep| {
             let node = Arc::clone(&self.nodes[step.index]);
             let (names, token) = (Arc::clone(names), token.clone());
             let (reply_tx, verdict) = (reply_tx.clone(), verdict.clone());
-            self.tasks
-                .spawn(acquire_on(node, step, names, token, ask, reply_tx, verdict));
+            parts.push(acquire_on(node, step, names, token, ask, reply_tx, verdict));
         };
         let mut first = None;
         // The gate's "held" is one node's word: a hint to wait for its announcement, never the
@@ -363,9 +431,9 @@ impl Quorum {
         // it, and its part on the gate may land later; the lock is free all the same).
         if n > 1 && ask.queue && self.contended_recently(&names[0]) {
             if let Some(step) = steps[gate].take() {
-                spawn(step);
+                start(&mut parts, step);
             }
-            match tokio::time::timeout(GATE_PATIENCE, replies.recv()).await {
+            match tokio::time::timeout(GATE_PATIENCE, parts.next(&mut replies)).await {
                 Ok(Some((
                     _,
                     Ok(Attempt::Held {
@@ -381,6 +449,7 @@ impl Quorum {
                         step.end_unused(&self.tasks);
                     }
                     verdict_tx.send_replace(Some(false));
+                    parts.decided();
                     self.mark_contended(&names[0]);
                     return Ok(Attempt::Held {
                         index,
@@ -394,13 +463,15 @@ impl Quorum {
             }
         }
         for step in steps.into_iter().flatten() {
-            spawn(step);
+            start(&mut parts, step);
         }
         drop(reply_tx);
         // How many nodes may fail or refuse while a quorum is still possible.
         let spare = n - self.quorum;
         let mut pending = n;
         let mut won = 0;
+        // Which nodes granted it: the token's write-back counts only theirs (see `raise_fences`).
+        let mut granted_by = vec![false; n];
         // Per key, the largest token of the granting nodes.
         let mut fences = vec![0u64; if fencing { names.len() } else { 0 }];
         let mut held: Option<(usize, Option<Duration>)> = None;
@@ -416,7 +487,7 @@ impl Quorum {
         loop {
             let (node, reply) = match first.take() {
                 Some(reply) => reply,
-                None => match replies.recv().await {
+                None => match parts.next(&mut replies).await {
                     Some(reply) => reply,
                     None => break,
                 },
@@ -425,6 +496,7 @@ impl Quorum {
             match reply {
                 Ok(Attempt::Acquired { fences: granted }) => {
                     won += 1;
+                    granted_by[node] = true;
                     for (f, g) in fences.iter_mut().zip(granted) {
                         *f = (*f).max(g);
                     }
@@ -465,17 +537,26 @@ impl Quorum {
             }
         }
         let mut acquired = won >= self.quorum;
+        // A token that did not reach a majority of its granting nodes is not handed out: the
+        // grants are withdrawn and the call fails as those nodes did (a transient failure is
+        // retried within the wait), never as contention.
+        let mut unraised = None;
         if acquired
             && fencing
-            && let Err(raise_failures) = self.raise_fences(names, &fences).await
+            && let Err(raise_failures) = self
+                .raise_fences(names, &fences, &granted_by, &mut parts)
+                .await
         {
             acquired = false;
-            failures = raise_failures;
+            unraised = Some(raise_failures);
         }
         verdict_tx.send_replace(Some(acquired));
+        parts.decided();
         let ticket = gate_ticket.or(other_ticket);
         if acquired {
             Ok(Attempt::Acquired { fences })
+        } else if let Some(failures) = unraised {
+            Err(failures)
         } else if failures.len() > spare {
             Err(failures)
         } else if let Some(mismatch) = mismatch {
@@ -530,27 +611,48 @@ impl Quorum {
         contended.insert(Arc::clone(name), Instant::now());
     }
 
-    /// Writes the granted token back to the nodes' fence counters and returns once a majority has
-    /// it: any later grant's majority shares a node with this one, whose counter then makes the
-    /// later token larger. The other nodes finish in the background.
-    async fn raise_fences(&self, names: &Names, fences: &[u64]) -> Result<(), Vec<NodeFailure>> {
+    /// Writes the granted token back to the nodes' fence counters and returns once a majority of
+    /// nodes *that granted it* (`granted_by`) has it. A later grant's majority shares one of
+    /// those nodes, and is granted there only after this lock let go of it (released or
+    /// expired), so after the write-back landed: its counter makes the later token larger.
+    ///
+    /// Any majority is not enough. A node that did not grant this lock may have granted a
+    /// contender already (a minority it holds on to, or an attempt of its in flight), whose
+    /// token from there is older than the write-back; and the write-back to a granting node may
+    /// still be on its way when this lock's release, sent after, frees that node. The later
+    /// grant's majority could then be such nodes only, every counter below this token (the fault
+    /// campaign found it, seed 200639: a token 4 s of clock below the one before).
+    ///
+    /// The other nodes finish in the background. `parts`: the acquire's, which these join (the
+    /// acquire's own parts still run there).
+    async fn raise_fences(
+        &self,
+        names: &Names,
+        fences: &[u64],
+        granted_by: &[bool],
+        parts: &mut Fanout,
+    ) -> Result<(), Vec<NodeFailure>> {
         let fences: Arc<[u64]> = fences.into();
         let (tx, mut replies) = mpsc::unbounded_channel();
-        for node in &self.nodes {
+        for (i, node) in self.nodes.iter().enumerate() {
             let (node, names, fences, tx) = (
                 Arc::clone(node),
                 Arc::clone(names),
                 Arc::clone(&fences),
                 tx.clone(),
             );
-            self.tasks.spawn(async move {
-                let _ = tx.send(node.raise_fences(&names, &fences).await);
+            parts.push(async move {
+                let _ = tx.send((i, node.raise_fences(&names, &fences).await));
             });
         }
         drop(tx);
+        let granting = granted_by.iter().filter(|g| **g).count();
         let mut done = 0;
         let mut failures = Vec::new();
-        while let Some(reply) = replies.recv().await {
+        while let Some((node, reply)) = parts.next(&mut replies).await {
+            if !granted_by[node] {
+                continue;
+            }
             match reply {
                 Ok(()) => done += 1,
                 Err(failure) => failures.push(failure),
@@ -558,7 +660,7 @@ impl Quorum {
             if done >= self.quorum {
                 return Ok(());
             }
-            if failures.len() > self.nodes.len() - self.quorum {
+            if failures.len() > granting.saturating_sub(self.quorum) {
                 break;
             }
         }
@@ -679,11 +781,12 @@ impl Quorum {
         call: impl Fn(Arc<dyn Node>, Names, Token) -> BoxFuture<'static, Result<bool, NodeFailure>>,
     ) -> Result<bool, Vec<NodeFailure>> {
         let (tx, mut replies) = mpsc::unbounded_channel();
+        // Each node's part completes even if nobody waits (see `Fanout`).
+        let mut parts = Fanout::new(&self.tasks);
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
             let request = call(Arc::clone(node), Arc::clone(names), token.clone());
             let tx = tx.clone();
-            // Its own task, so each node completes even if nobody waits.
-            self.tasks.spawn(async move {
+            parts.push(async move {
                 step.after_previous().await;
                 let reply = request.await;
                 if let Err(failure) = &reply {
@@ -697,16 +800,18 @@ impl Quorum {
         let n = self.nodes.len();
         let (mut ours, mut not_ours) = (0, 0);
         let mut failures = Vec::new();
-        while let Some(reply) = replies.recv().await {
+        while let Some(reply) = parts.next(&mut replies).await {
             match reply {
                 Ok(true) => ours += 1,
                 Ok(false) => not_ours += 1,
                 Err(f) => failures.push(f),
             }
             if ours >= self.quorum {
+                parts.decided();
                 return Ok(true);
             }
             if n - not_ours < self.quorum {
+                parts.decided();
                 return Ok(false);
             }
         }
