@@ -55,7 +55,12 @@ struct State {
     groups: HashMap<Arc<str>, Group>,
     /// Fair locks' waiters.
     queues: HashMap<Arc<str>, VecDeque<Waiter>>,
+    /// Fence counters, of the names that are held, shared or queued for, and of those let go since
+    /// the last sweep (which drops the rest into `fence_floor`).
     fences: HashMap<Arc<str>, u64>,
+    /// The largest counter a sweep dropped: a name's counter made again starts above it, so its
+    /// tokens still grow, and a service that locks a name per request keeps no counter per name.
+    fence_floor: u64,
     /// The last fair ticket handed out.
     tickets: u64,
     /// `held.len()` after the last sweep of expired entries.
@@ -142,10 +147,11 @@ impl State {
         self.queues.get_mut(name)
     }
 
-    /// Drops expired entries once the table doubled since the last sweep, so locks that are never
-    /// released (crashed holders, in Redis terms) do not accumulate.
+    /// Drops expired entries once the tables doubled since the last sweep, so locks that are never
+    /// released (crashed holders, in Redis terms) do not accumulate, and the fence counters of
+    /// names nobody holds or queues for, keeping the largest in `fence_floor`.
     fn sweep(&mut self, now: Instant) {
-        let size = self.held.len() + self.groups.len() + self.queues.len();
+        let size = self.held.len() + self.groups.len() + self.queues.len() + self.fences.len();
         if size >= 2 * self.swept_at.max(512) {
             self.held.retain(|_, e| e.expires > now);
             self.groups.retain(|_, g| g.purge(now));
@@ -153,7 +159,19 @@ impl State {
                 q.retain(|w| w.expires > now);
                 !q.is_empty()
             });
-            self.swept_at = self.held.len() + self.groups.len() + self.queues.len();
+            let (held, groups, queues) = (&self.held, &self.groups, &self.queues);
+            let floor = &mut self.fence_floor;
+            self.fences.retain(|name, counter| {
+                let used = held.contains_key(name)
+                    || groups.contains_key(name)
+                    || queues.contains_key(name);
+                if !used {
+                    *floor = (*floor).max(*counter);
+                }
+                used
+            });
+            self.swept_at =
+                self.held.len() + self.groups.len() + self.queues.len() + self.fences.len();
         }
     }
 }
@@ -449,12 +467,16 @@ fn shared(
 }
 
 /// Like Redis: a new counter starts from the clock in microseconds, so tokens still grow across
-/// a restart of the process. `bump` is false for a same-token retry, which answers the current
-/// value.
+/// a restart of the process, and never below a counter a sweep dropped (`State::fence_floor`).
+/// `bump` is false for a same-token retry, which answers the current value.
 fn next_fence(state: &mut State, name: &str, bump: bool) -> u64 {
+    let floor = state.fence_floor;
     let counter = match state.fences.get_mut(name) {
         Some(counter) => counter,
-        None => state.fences.entry(name.into()).or_insert_with(clock_micros),
+        None => state
+            .fences
+            .entry(name.into())
+            .or_insert_with(|| clock_micros().max(floor)),
     };
     if bump {
         *counter += 1;
@@ -660,4 +682,55 @@ fn clock_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A service that locks a name per request leaves no fence counter per name behind: a sweep
+    /// drops the counters of names nobody holds, keeps a held name's, and a dropped name's next
+    /// token is still larger than its last.
+    #[test]
+    fn the_fence_counters_of_let_go_names_are_swept_and_their_tokens_still_grow() {
+        let mut state = State::default();
+        let now = Instant::now();
+        let held: Arc<str> = Arc::from("held");
+        let token = Token::new(&crate::owner::Identity::new(None), now);
+        state.held.insert(
+            Arc::clone(&held),
+            Entry {
+                token,
+                expires: now + Duration::from_secs(60),
+            },
+        );
+        let held_fence = next_fence(&mut state, &held, true);
+        // A token far ahead of the clock, as a counter raised by a clock step leaves it.
+        let first = "name:0";
+        let ahead = clock_micros() + 3_600_000_000;
+        state.fences.insert(Arc::from(first), ahead);
+        for i in 1..10_000 {
+            next_fence(&mut state, &format!("name:{i}"), true);
+            state.sweep(now);
+        }
+        assert!(
+            state.fences.len() <= 2 * 512,
+            "swept: {} counters left",
+            state.fences.len()
+        );
+        assert_eq!(
+            state.fences.get(&held).copied(),
+            Some(held_fence),
+            "the held name keeps its counter"
+        );
+        assert!(
+            !state.fences.contains_key(first),
+            "the let-go name's counter was swept"
+        );
+        let again = next_fence(&mut state, first, true);
+        assert!(
+            again > ahead,
+            "its next token {again} is larger than its last {ahead}"
+        );
+    }
 }
