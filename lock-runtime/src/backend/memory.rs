@@ -63,7 +63,7 @@ struct State {
     fence_floor: u64,
     /// The last fair ticket handed out.
     tickets: u64,
-    /// `held.len()` after the last sweep of expired entries.
+    /// [`State::entries`] after the last sweep.
     swept_at: usize,
 }
 
@@ -151,8 +151,7 @@ impl State {
     /// released (crashed holders, in Redis terms) do not accumulate, and the fence counters of
     /// names nobody holds or queues for, keeping the largest in `fence_floor`.
     fn sweep(&mut self, now: Instant) {
-        let size = self.held.len() + self.groups.len() + self.queues.len() + self.fences.len();
-        if size >= 2 * self.swept_at.max(512) {
+        if self.entries() >= 2 * self.swept_at.max(512) {
             self.held.retain(|_, e| e.expires > now);
             self.groups.retain(|_, g| g.purge(now));
             self.queues.retain(|_, q| {
@@ -170,9 +169,13 @@ impl State {
                 }
                 used
             });
-            self.swept_at =
-                self.held.len() + self.groups.len() + self.queues.len() + self.fences.len();
+            self.swept_at = self.entries();
         }
+    }
+
+    /// How many entries the tables hold, fence counters included.
+    fn entries(&self) -> usize {
+        self.held.len() + self.groups.len() + self.queues.len() + self.fences.len()
     }
 }
 
