@@ -442,9 +442,11 @@ pub(crate) async fn acquire(
     // cleaned up by token, a place left that way only when its lease ends).
     let mut unknown = false;
     let mut final_try = false;
-    // When the last attempt that renewed our place in a fair queue started, and the place's
-    // lease then: a lock handed to us lives until that lease ends.
-    let mut queued_at = None;
+    // The place in a fair queue that the last answer with a ticket renewed: a lock handed to
+    // that place lives until the lease that answer gave it ends. A hand-off to any other place
+    // (one that lapsed before this answer, while the waiter was paused or its link slow: the
+    // lock handed to it may have expired and gone to someone else since) is no grant.
+    let mut place = None;
     // Whether a release's message may stand for the grant: it is one node's word, unreplicated.
     // Under Redlock a majority must grant it, with `min_replicas` replicas must acknowledge it,
     // and on Sentinel or Cluster the node that sent it may have been deposed since (see
@@ -534,8 +536,12 @@ pub(crate) async fn acquire(
                 // also a semaphore's line or a writer's marks): leaving it takes a release too
                 // (which also passes on a lock handed to it meanwhile).
                 unsure |= ticket.is_some();
-                if ticket.is_some() {
-                    queued_at = Some((attempt_start, ask.lease));
+                if let Some(ticket) = ticket {
+                    place = Some(Place {
+                        ticket,
+                        renewed_at: attempt_start,
+                        lease: ask.lease,
+                    });
                 }
                 if past(now) {
                     break Err(LockError::Contended {
@@ -543,10 +549,12 @@ pub(crate) async fn acquire(
                         waited: now - started,
                     });
                 }
-                // A waiter's queue entry or writer mark lives one ttl (or lease) unless the
-                // next attempt renews it: attempt at least three times per lease; and once more
-                // when the waiter starves, to take its place in the queue.
-                let mut until = cap(now, ask.lease / 3, req.give_up);
+                // A waiter's queue entry or writer mark lives one ttl (or lease) from when the
+                // server saw the attempt unless the next attempt renews it: attempt at least
+                // three times per lease, counted from this attempt's start (from its answer, a
+                // round trip of two thirds of the lease would lose the place every cycle); and
+                // once more when the waiter starves, to take its place in the queue.
+                let mut until = cap(attempt_start, ask.lease / 3, req.give_up);
                 if will_queue && !starving {
                     until = until.min(started + Herd::STARVING);
                 }
@@ -559,7 +567,7 @@ pub(crate) async fn acquire(
                 };
                 if let Some(granted) = told
                     .filter(|_| take_word)
-                    .and_then(|t| handed_to_us(req, settings, &token, t, queued_at))
+                    .and_then(|t| handed_to_us(req, settings, &token, t, place))
                 {
                     events::acquired(&req.labels, started.elapsed(), attempts, &granted.fences);
                     break Ok(granted);
@@ -657,23 +665,35 @@ pub(crate) fn acquire_at_once(
     })
 }
 
+/// A waiter's place in a fair queue, as the last answer that renewed it said.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// Its ticket (the server's clock when the place was taken): a place that lapses and is
+    /// taken again gets another.
+    ticket: u64,
+    /// When the attempt that renewed it started.
+    renewed_at: Instant,
+    /// The lease that attempt gave it.
+    lease: Duration,
+}
+
 /// The lock a fair release handed to us, as its message `told` us, without asking the server
-/// again: when the message names our token, carries the fence we need (when fencing), and the
-/// place in the queue it was handed on (renewed by the attempt that started at `queued_at`, with
-/// its lease) is still valid for a while. Otherwise `None`, and the next attempt finds the lock
-/// ours.
+/// again: when the message names our token and the `place` our last answer renewed (a lock
+/// handed to that place lives at most until that answer's lease ends), carries the fence we need
+/// (when fencing), and that lease is still valid for a while. Otherwise `None`, and the next
+/// attempt asks the server, which finds the lock ours if it is.
 fn handed_to_us(
     req: &Request,
     settings: &Settings,
     token: &Token,
     told: HandOff,
-    queued_at: Option<(Instant, Duration)>,
+    place: Option<Place>,
 ) -> Option<Granted> {
     if told.digest != token.digest() || (req.fencing && told.fence == 0) {
         return None;
     }
-    let (at, lease) = queued_at?;
-    let valid_until = at + lease.saturating_sub(settings.drift(lease));
+    let place = place.filter(|p| p.ticket == told.ticket)?;
+    let valid_until = place.renewed_at + place.lease.saturating_sub(settings.drift(place.lease));
     let now = Instant::now();
     (valid_until > now).then(|| Granted {
         token: token.clone(),

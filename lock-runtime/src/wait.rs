@@ -50,9 +50,12 @@ impl Release {
 }
 
 /// What a fair lock's release tells the waiter it handed the lock to: enough to take it without
-/// asking the server again.
+/// asking the server again, for the place in line it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HandOff {
+    /// The place in line the lock was handed to: the lock lives as long as that place's lease
+    /// did, so only the answer that renewed that place tells how long it is valid.
+    pub(crate) ticket: u64,
     /// The lock's fencing token after the hand-off (0: not known, so the waiter asks).
     pub(crate) fence: u64,
     /// [`Token::digest`](crate::backend::Token::digest) of the new holder's token.
@@ -262,6 +265,7 @@ mod tests {
         let early = futures_util::FutureExt::now_or_never(handle.released());
         assert!(early.is_none(), "woken by a hand-off to ticket 3");
         let hand_off = HandOff {
+            ticket: 7,
             fence: 12,
             digest: 34,
         };
@@ -300,6 +304,7 @@ mod tests {
     async fn a_hand_off_naming_the_waiters_token_wakes_it_whatever_its_ticket() {
         let registry = Arc::new(WakeRegistry::default());
         let mine = HandOff {
+            ticket: 9,
             fence: 5,
             digest: 77,
         };
@@ -313,6 +318,7 @@ mod tests {
                 "d",
                 8,
                 Some(HandOff {
+                    ticket: 8,
                     fence: 6,
                     digest: 78,
                 }),
@@ -337,6 +343,7 @@ mod tests {
         let mut handle = registry.watch("h");
         handle.mark_seen();
         let hand_off = HandOff {
+            ticket: 3,
             fence: 1,
             digest: 2,
         };

@@ -111,6 +111,13 @@ impl Worker {
         }
     }
 
+    /// The next stdout line if one comes within `timeout`, else `None` (the child runs on).
+    pub fn try_line(&mut self, timeout: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(timeout).ok()?;
+        self.stdout.push(line.clone());
+        Some(line)
+    }
+
     /// Waits up to `timeout` for the child to exit and returns its output; on timeout the child
     /// is killed and the call panics with its stderr.
     pub fn finish(&mut self, timeout: Duration) -> Finished {

@@ -253,7 +253,14 @@ fn hand_off(payload: &[u8]) -> (u64, Option<HandOff>) {
     let fence = parts.next().and_then(|f| f.parse::<u64>().ok());
     let digest = parts.next().and_then(|d| u64::from_str_radix(d, 16).ok());
     match (fence, digest) {
-        (Some(fence), Some(digest)) => (ticket, Some(HandOff { fence, digest })),
+        (Some(fence), Some(digest)) => (
+            ticket,
+            Some(HandOff {
+                ticket,
+                fence,
+                digest,
+            }),
+        ),
         _ => (ticket, None),
     }
 }
