@@ -67,13 +67,15 @@ pub(crate) trait WaitStrategy: Send {
     /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
     /// holder's remaining time to live, when the server said; `ticket` a fair waiter's place in
     /// the queue (releases handed to other waiters are not worth waking for); `token` the
-    /// waiter's. Answers what the release that woke it said, when it handed the lock to
-    /// `ticket`.
+    /// waiter's; `queues` whether a default lock's waiter takes a place in the queue when it
+    /// starves (not while an attempt's outcome is unknown: then it listens to every release).
+    /// Answers what the release that woke it said, when it handed the lock to `ticket`.
     fn pause<'a>(
         &'a mut self,
         pttl: Option<Duration>,
         ticket: Option<u64>,
         token: &Token,
+        queues: bool,
         until: Option<Instant>,
     ) -> BoxFuture<'a, Option<HandOff>>;
 }
@@ -93,7 +95,9 @@ pub(crate) struct NotifyOrBackoff<'a> {
     herd: Herd,
     /// Whether an answer gave the waiter a place in a queue (a ticket): it keeps listening for
     /// the hand-off to itself even after an answer without one (under Redlock, one whose gate did
-    /// not answer in time), so its subscriptions change at most twice per wait.
+    /// not answer in time), so its subscriptions change at most twice per wait; unless it no
+    /// longer queues (an attempt of unknown outcome): its place lapses, and the releases wake
+    /// whoever listens to them.
     queued: bool,
     watch: Option<Watching>,
 }
@@ -151,8 +155,11 @@ struct Herd {
     /// When the first pause began.
     since: Option<Instant>,
     /// Whether the waiter takes a place in the lock's queue once it starves (see
-    /// [`queues_when_starving`]): then, once it lost a wake-up, it waits for that instead.
+    /// [`queues_when_starving`]): then, once it lost a wake-up, it waits for that instead. Off
+    /// while an attempt's outcome is unknown (see `acquire`).
     queues: bool,
+    /// Whether the backend and the lock let it queue at all.
+    may_queue: bool,
 }
 
 impl Herd {
@@ -169,6 +176,7 @@ impl Herd {
             window: Duration::ZERO,
             woken: false,
             since: None,
+            may_queue: queues,
             queues,
         }
     }
@@ -322,6 +330,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         pttl: Option<Duration>,
         ticket: Option<u64>,
         token: &Token,
+        queues: bool,
         until: Option<Instant>,
     ) -> BoxFuture<'b, Option<HandOff>> {
         let nap = if pttl == Some(Duration::ZERO) {
@@ -334,6 +343,12 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         };
         let now = Instant::now();
         let wake_at = cap(now, nap, until);
+        if self.herd.queues && !queues {
+            // It no longer takes a place (see `acquire`), and the one it had lapses: listen to
+            // the releases again, and answer their wake-ups.
+            self.queued = false;
+        }
+        self.herd.queues = self.herd.may_queue && queues;
         // A waiter with a place in the queue answers every wake-up at once: a release that does
         // not name it finds the queue empty, so the lock is free for it.
         let after_wake = if ticket.is_some() {
@@ -437,10 +452,17 @@ pub(crate) async fn acquire(
     // Set once an attempt's outcome is unknown (timeout, broken connection): the lock may be
     // ours on the server, so a failed call must release by token before returning.
     let mut unsure = false;
-    // Set once an attempt's outcome was unknown: the waiter no longer queues when it starves (a
-    // place that landed late, after its call gave up, would be handed the lock; a grant is
-    // cleaned up by token, a place left that way only when its lease ends).
+    // Set once an attempt's outcome was unknown: then the call does not leave a queue it gave
+    // up in by itself (the cleanup by token does, in the background, as it deletes a grant).
     let mut unknown = false;
+    // Set while the last attempt of unknown outcome is not known to have run: meanwhile the
+    // waiter does not queue when it starves (a place that lands after the call gave up and its
+    // cleanup ran is handed the lock, which then sits on a dead token until the place's lease
+    // ends). The next answer proves it ran: a node runs one connection's requests in order, and
+    // a request that timed out stays on its connection (one on a broken connection that the
+    // server runs after a reconnect is the documented stale-acquire case, cleaned up by token).
+    // Meanwhile the waiter hears every release, as a waiter that never queued does.
+    let mut unproven = false;
     let mut final_try = false;
     // The place in a fair queue that the last answer with a ticket renewed: a lock handed to
     // that place lives until the lease that answer gave it ends. A hand-off to any other place
@@ -470,7 +492,7 @@ pub(crate) async fn acquire(
             Instant::now()
         };
         // Whether it takes a place in the queue once it starves, and whether it starves now.
-        let will_queue = may_queue && !unknown;
+        let will_queue = may_queue && !unproven;
         let starving =
             will_queue && attempt_start.saturating_duration_since(started) >= Herd::STARVING;
         let ask = Ask {
@@ -506,6 +528,7 @@ pub(crate) async fn acquire(
             None => backend.acquire(&req.names, &token, ask).await,
         };
         let now = Instant::now();
+        unproven &= attempt.is_err();
         let failures = match attempt {
             Ok(Attempt::Acquired { fences }) => {
                 let valid_until = attempt_start + req.ttl.saturating_sub(settings.drift(req.ttl));
@@ -560,7 +583,7 @@ pub(crate) async fn acquire(
                 }
                 let until = Some(until);
                 let told = tokio::select! {
-                    told = strategy.pause(pttl, ticket, &token, until) => told,
+                    told = strategy.pause(pttl, ticket, &token, will_queue, until) => told,
                     () = caller_gone.raised() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }
@@ -579,7 +602,9 @@ pub(crate) async fn acquire(
             }
             Err(failures) => failures,
         };
-        unknown |= failures.iter().any(|f| f.kind.may_have_applied());
+        let applied = failures.iter().any(|f| f.kind.may_have_applied());
+        unproven |= applied;
+        unknown |= applied;
         unsure |= unknown;
         let retry = failures.iter().all(|f| f.kind.is_transient());
         if !retry || final_try {

@@ -6,7 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use lock_runtime::LockConfig;
 use lock_tests::{
@@ -167,9 +169,9 @@ async fn a_waiter_on_a_slow_link_keeps_its_place_in_line() {
     )
     .await;
     let attempts = server.command_calls("evalsha");
-    let until = std::time::Instant::now() + WATCH;
+    let until = Instant::now() + WATCH;
     let mut seen = std::collections::BTreeSet::new();
-    while std::time::Instant::now() < until {
+    while Instant::now() < until {
         seen.extend(tickets().into_iter().map(|(_, ticket)| ticket));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -187,4 +189,101 @@ async fn a_waiter_on_a_slow_link_keeps_its_place_in_line() {
         .await
         .unwrap();
     assert!(granted.is_ok(), "the waiter: {granted:?}");
+}
+
+/// A default lock's waiter that starved and queued, whose link then stalls so that its renewals
+/// time out (their outcome unknown): it stops queueing until an answer proves those requests ran
+/// and meanwhile listens to the lock's releases again; then it queues again. The lock, kept until
+/// a place not renewed since the stall would have lapsed, is then taken again at once by its
+/// releaser after every 50 ms section: a release hands the waiter the lock. Before the fix it
+/// never queued again and kept listening only for the hand-off to its lapsed place: it won none
+/// of the releases and answered `Contended` at the end of its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_renewals_timed_out_is_handed_the_lock_again() {
+    // Longer one way than the response timeout (500 ms) is for the round trip: renewals time out.
+    const STALL_LINK: Duration = Duration::from_millis(700);
+    const STALL: Duration = Duration::from_secs(3);
+    const SECTION: Duration = Duration::from_millis(50);
+    // A default lock's place in line lives 3 s after its last renewal.
+    const LEASE: Duration = Duration::from_secs(3);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let looper = client(LockConfig::single(server.url()));
+    let waiting = client(LockConfig::single(proxy.url()));
+    let key = unique_key("waiters:renewals-timed-out");
+    let mut held = looper.lock(&key).acquire().await.unwrap();
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = waiting
+                .lock(&key)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await;
+            (result.map(drop), started.elapsed())
+        })
+    };
+    until_queued(&looper, &key, 1).await;
+    let attempts = server.command_calls("evalsha");
+    proxy.set_delay(STALL_LINK);
+    tokio::time::sleep(STALL).await;
+    proxy.set_delay(Duration::ZERO);
+    // The waiter's renewals did reach the server during the stall (each a third of a lease
+    // apart, 700 ms late): they timed out at the waiter, their outcome unknown.
+    let renewals = server.command_calls("evalsha") - attempts;
+    assert!(
+        renewals >= 1,
+        "no renewal reached the server during the stall"
+    );
+    // The holder keeps the lock until a place last renewed during the stall would have lapsed
+    // (as the issue's holder kept it 9 s): a waiter that no longer queues has none left.
+    tokio::time::sleep(LEASE + STALL_LINK).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter answered during the stall"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let releases = Arc::new(AtomicUsize::new(0));
+    let looping = {
+        let (key, stop, releases) = (key.clone(), Arc::clone(&stop), Arc::clone(&releases));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                // The critical section's work, not a wait for anything.
+                tokio::time::sleep(SECTION).await;
+                held.release().await?;
+                releases.fetch_add(1, Ordering::SeqCst);
+                held = looper
+                    .lock(&key)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await?;
+            }
+            held.release().await
+        })
+    };
+    let looped = Instant::now();
+    // Within two of its pauses (at most a third of a lease each): an answer that proves its
+    // timed-out renewals ran, then an attempt that queues; then the next release hands it the
+    // lock.
+    let bound = LEASE / 3 * 2 + SECTION * 2 + SCHEDULING_SLACK;
+    let (result, waited) = bounded(Duration::from_secs(40), "the waiter answers", waiter)
+        .await
+        .unwrap();
+    let took = looped.elapsed();
+    let during = releases.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    bounded(Duration::from_secs(5), "the loop ends", looping)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        result.is_ok(),
+        "the waiter answered {result:?} after {waited:?}, the loop let go {during} times"
+    );
+    assert!(
+        took <= bound,
+        "handed the lock {took:?} after the loop began (the loop let go {during} times), not \
+         within {bound:?}"
+    );
 }
