@@ -1,6 +1,6 @@
 //! The attribute's arguments: `key = "..."` or `keys = ["...", ..]`, `ttl = "..."`, `wait = "..."`,
 //! `max_hold = "..."`, `min_hold = "..."`, `reentrant = bool`, `fair = bool`, `shared = bool`, `permits = N`,
-//! `guard = NAME`, `crate = "path"`. Each is checked on its own here, then against each other
+//! `guard = NAME`, `map_err = path`, `crate = "path"`. Each is checked on its own here, then against each other
 //! (`key` against `keys`, the lock kinds, `min_hold` against `max_hold` and the kinds); checks against the function live in `validate`.
 
 use crate::duration::{self, Kind};
@@ -13,7 +13,7 @@ use syn::parse::{ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Path, Result};
 
 const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `min_hold`, `reentrant`, `fair`, \
-                     `shared`, `permits`, `guard` and `crate`";
+                     `shared`, `permits`, `guard`, `map_err` and `crate`";
 
 const KEYS_EXAMPLE: &str = "keys = [\"wallet:<from>\", \"wallet:<to>\"]";
 
@@ -32,6 +32,8 @@ pub(crate) struct Args {
     /// The lock's kind, from `fair = true`, `shared = true` and `permits = N`.
     pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
+    /// `map_err = path`: the `fn(LockError) -> E` that makes the call's error of a lock failure.
+    pub(crate) map_err: Option<ExprPath>,
     /// `crate = "path"`: where the runtime lives, for re-exports.
     pub(crate) krate: Option<Path>,
 }
@@ -85,6 +87,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
     let mut shared = Arg::new("shared");
     let mut permits = Arg::new("permits");
     let mut guard = Arg::new("guard");
+    let mut map_err = Arg::new("map_err");
     let mut krate = Arg::new("crate");
 
     // `key` and `keys` both given: the second of them, to be removed.
@@ -117,6 +120,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
             Some("shared") => shared.set_once(&meta, |input| spanned_boolean(input, "shared")),
             Some("permits") => permits.set_once(&meta, permit_count),
             Some("guard") => guard.set_once(&meta, guard_name),
+            Some("map_err") => map_err.set_once(&meta, conversion),
             Some("crate") => krate.set_once(&meta, |input| {
                 let lit = string(input, "crate", "\"my_facade::lock_runtime\"")?;
                 lit.parse::<Path>().map_err(|_| {
@@ -190,6 +194,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         min_hold: min_hold.value.map(|(d, _)| d),
         reentrant: reentrant.value,
         guard: guard.value,
+        map_err: map_err.value,
         krate: krate.value,
     }
 }
@@ -412,6 +417,19 @@ fn guard_name(input: ParseStream<'_>) -> Result<Ident> {
     })
 }
 
+/// `map_err = to_status`: the path of a function (or of an associated function, a tuple
+/// struct or variant) that takes a `LockError`; its type is checked where the expansion calls it.
+fn conversion(input: ParseStream<'_>) -> Result<ExprPath> {
+    match input.parse::<Expr>()? {
+        Expr::Path(path) => Ok(path),
+        other => Err(syn::Error::new_spanned(
+            other,
+            "`map_err` takes the path of a function `fn(LockError) -> E` that makes your error \
+             type of a lock failure, like `map_err = to_status` or `map_err = MyError::Lock`",
+        )),
+    }
+}
+
 /// After a bad argument, drops the rest of it (up to the `,` the meta parser expects) so the arguments
 /// after it are still checked.
 fn skip_to_next_argument(input: ParseStream<'_>) -> Result<()> {
@@ -554,14 +572,37 @@ mod tests {
     }
 
     #[test]
+    fn map_err_takes_a_path() {
+        let (parsed, errors) = args(quote!(key = "k", map_err = errors::to_status));
+        assert!(errors.is_empty(), "{errors:?}");
+        let path = parsed
+            .map_err
+            .map(|p| quote::ToTokens::to_token_stream(&p).to_string());
+        assert_eq!(path.as_deref(), Some("errors :: to_status"));
+        let (parsed, errors) = args(quote!(key = "k", map_err = "to_status"));
+        assert!(parsed.map_err.is_none());
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("`map_err` takes the path of a function"),
+            "{errors:?}"
+        );
+        let (_, errors) = args(quote!(key = "k", map_err = a, map_err = b));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("duplicate argument `map_err`"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn unknown_argument_lists_the_new_ones() {
         let (_, errors) = args(quote!(key = "k", timeout = "1s"));
         assert_eq!(
             errors,
             [
                 "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
-              `max_hold`, `min_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard` and \
-              `crate`"
+              `max_hold`, `min_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard`, \
+              `map_err` and `crate`"
             ]
         );
     }

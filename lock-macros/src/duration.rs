@@ -63,7 +63,11 @@ pub(crate) fn parse(text: &str, kind: Kind) -> Result<Duration, String> {
                 hint()
             ));
         }
-        Kind::MaxHold | Kind::Wait | Kind::MinHold => {}
+        Kind::MinHold => {
+            lock_rules::check_min_hold(duration)
+                .map_err(|err| format!("`{name}` {err}; {}", hint()))?;
+        }
+        Kind::MaxHold | Kind::Wait => {}
     }
     Ok(duration)
 }
@@ -152,6 +156,12 @@ mod tests {
     fn min_hold_may_be_zero() {
         assert_eq!(parse("30s", Kind::MinHold), Ok(Duration::from_secs(30)));
         assert_eq!(parse("0s", Kind::MinHold), Ok(Duration::ZERO));
+        assert_eq!(parse("365days", Kind::MinHold), Ok(lock_rules::MAX_TTL));
+        let err = error("366days", Kind::MinHold);
+        assert!(
+            err.starts_with("`min_hold` must be at most 365 days"),
+            "{err}"
+        );
         let err = error("30 secs later", Kind::MinHold);
         assert!(err.starts_with("invalid `min_hold` duration"), "{err}");
     }

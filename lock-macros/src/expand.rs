@@ -51,15 +51,23 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 ///     mode: P::Mode::Exclusive,                      // the lock's kind
 ///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
-/// let __lock_guard = match P::acquire(__lock_call).await {
-///     Ok(guard) => guard,
-///     Err(err) => return P::lock_error(err),
+/// let __lock_out = match P::acquire(__lock_call).await {
+///     Ok(__lock_guard) => {
+///         let __lock_out = {
+///             let GUARD = &__lock_guard;
+///             P::until_lost(&__lock_guard, async move { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })
+///                 .await
+///         };
+///         P::finish(__lock_guard, { __lock_out }).await     // Result<R, LockError>
+///     }
+///     Err(__lock_err) => Err(__lock_err),
 /// };
-/// let __lock_out = {
-///     let GUARD = &__lock_guard;
-///     P::until_lost(&__lock_guard, async move { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } }).await
-/// };
-/// P::finish(__lock_guard, { __lock_out }).await
+/// match __lock_out {
+///     Ok(__lock_out) => __lock_out,
+///     // `Err(..)`, through the trait that also checks that R is a `Result`:
+///     Err(__lock_err) => P::CallResult::failed(P::FromLockError::from_lock_error(__lock_err)),
+///     // with `map_err`: Err(MAP_ERR(__lock_err))
+/// }
 /// ```
 /// sync: `P::acquire_blocking(..)`, the body as
 /// `P::run_blocking(&__lock_guard, move || { TOUCH_MUT; FAKE_RETURN_EDGE { BODY } })` and
@@ -114,13 +122,27 @@ fn locked_body(locked: &Locked) -> TokenStream {
         #fake_return
         { #stmts }
     });
-    // Everything that needs `R: LockResult` is located on the return type, so a wrong return type is
-    // one error there (rustc reports one unsatisfied bound per span), not one per call. rustc blames
-    // the argument `R` is inferred from, and ignores hygienic spans for that, hence `{ __lock_out }`:
-    // a block located on the return type.
+    // Everything that needs `R: CallResult` or `E: FromLockError` is located on the return type,
+    // so a wrong return type is one error there (rustc reports one unsatisfied bound per span),
+    // not one per call. rustc blames the argument `R` is inferred from, and ignores hygienic
+    // spans for that, hence `{ __lock_out }`: a block located on the return type. A lock failure
+    // becomes the call's error in one place, so a conversion that does not fit (`map_err`'s
+    // function of the wrong type) is one error too, at the argument.
     let at_ret = private_at(private, ret);
     let [_, guard_at_ret, out_at_ret, err_at_ret] = locals(ret);
-    let lock_error = quote_spanned!(ret=> #at_ret::lock_error(#err_at_ret));
+    // `Err(..)` through `CallResult`, which also checks that the return type is a `Result`;
+    // `map_err`'s plainly, all at the argument, so a function of the wrong type is reported
+    // there as such.
+    let failed = match &locked.map_err {
+        Some(path) => {
+            let span = path.span();
+            let [.., err_at_path] = locals(span);
+            quote_spanned!(span=> ::core::result::Result::Err((#path)(#err_at_path)))
+        }
+        None => quote_spanned!(ret=>
+            #at_ret::CallResult::failed(#at_ret::FromLockError::from_lock_error(#err_at_ret))
+        ),
+    };
     let (acquire, run, finish) = if is_async {
         (
             quote_spanned!(site=> #private::acquire(#call).await),
@@ -146,15 +168,20 @@ fn locked_body(locked: &Locked) -> TokenStream {
             mode: #mode,
             name: #name,
         };
-        let #guard = match #acquire {
-            ::core::result::Result::Ok(#guard) => #guard,
-            ::core::result::Result::Err(#err) => return #lock_error,
+        let #out = match #acquire {
+            ::core::result::Result::Ok(#guard) => {
+                let #out = {
+                    #bind_guard
+                    #run
+                };
+                #finish
+            }
+            ::core::result::Result::Err(#err) => ::core::result::Result::Err(#err),
         };
-        let #out = {
-            #bind_guard
-            #run
-        };
-        #finish
+        match #out {
+            ::core::result::Result::Ok(#out) => #out,
+            ::core::result::Result::Err(#err_at_ret) => #failed,
+        }
     }
 }
 

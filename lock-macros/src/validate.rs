@@ -91,6 +91,9 @@ pub(crate) struct Locked {
     pub(crate) reentrant: bool,
     pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
+    /// `map_err = path`: the conversion of a lock failure into the call's error type (else
+    /// `FromLockError`, that is `From<LockError>`).
+    pub(crate) map_err: Option<syn::ExprPath>,
     /// Parameters bound with `mut`. The body reads them from inside a `move` closure or async block,
     /// where a parameter overwritten before it is read would warn "value captured by `x` is never
     /// read", a warning the plain function never had; `expand` reads each one first.
@@ -118,6 +121,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         reentrant,
         mode,
         guard,
+        map_err,
         krate,
     } = args::parse(attr, &mut errors);
     let Some(func) = errors.ok(syn::parse2::<Func>(item)) else {
@@ -201,6 +205,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             reentrant: reentrant.unwrap_or(true),
             mode,
             guard,
+            map_err,
             mutable,
             private,
         }),

@@ -54,6 +54,36 @@ pub fn check_ttl(ttl: Duration) -> Result<(), TtlError> {
     }
 }
 
+/// Why a `min_hold` was rejected by [`check_min_hold`]. The `Display` text completes
+/// "`min_hold` ...".
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MinHoldError {
+    /// Longer than [`MAX_TTL`].
+    TooLong,
+}
+
+impl fmt::Display for MinHoldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MinHoldError::TooLong => f.write_str(
+                "must be at most 365 days, as a ttl (the key stays that long after the call, \
+                 whatever becomes of its holder)",
+            ),
+        }
+    }
+}
+
+/// Checks that a `min_hold` is at most [`MAX_TTL`] (zero asks for nothing, so it is fine): the
+/// key outlives the call by that much, as it outlives a crashed holder by its ttl.
+pub fn check_min_hold(min_hold: Duration) -> Result<(), MinHoldError> {
+    if min_hold > MAX_TTL {
+        Err(MinHoldError::TooLong)
+    } else {
+        Ok(())
+    }
+}
+
 /// What kind of hold a lock is, from its `fair`, `shared` and `permits` arguments (the same
 /// in the attribute and in `Lock`'s builder): the one type that travels from the macro's call to
 /// the backends.

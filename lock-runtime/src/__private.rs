@@ -1,9 +1,10 @@
 //! What `#[distributed_lock]` expands to. Not public API: no stability guarantees.
 //!
 //! Only what the expansion names (see `lock-macros/src/expand.rs`): `Call`, `acquire`,
-//! `acquire_blocking`, `until_lost`, `run_blocking`, `finish`, `finish_blocking`, `lock_error`,
-//! `KeyPart`, `Mode` and `Duration`; and `LockResult`, the bound of the calls that take the body's
-//! result. Tools read the servers through [`crate::layout`].
+//! `acquire_blocking`, `until_lost`, `run_blocking`, `finish`, `finish_blocking`,
+//! `FromLockError` (public, re-exported here for the `crate = ".."` path), `KeyPart`, `Mode` and
+//! `Duration`; and `CallResult`, the bound of the calls that take the body's result. Tools read
+//! the servers through [`crate::layout`].
 
 pub use core::time::Duration;
 /// The lock's kind, as the attribute's `fair`, `shared` and `permits` make it.
@@ -12,26 +13,33 @@ pub use lock_rules::Mode;
 use crate::hold::{self, Body};
 use crate::{Lock, LockError, LockGuard};
 
-/// The return type of a `#[distributed_lock]` function.
+pub use crate::error::FromLockError;
+
+/// The return type of a `#[distributed_lock]` function: a `Result` (the error type is checked
+/// apart, by [`FromLockError`] or the `map_err` function's type).
 #[diagnostic::on_unimplemented(
-    message = "a `#[distributed_lock]` function must return `Result<T, E>` where `E: From<LockError>`, found `{Self}`",
-    label = "this return type cannot carry a `LockError`",
-    note = "return `Result<T, lock_runtime::LockError>`, or implement `From<lock_runtime::LockError>` for your error type"
+    message = "a `#[distributed_lock]` function must return `Result<T, E>`, found `{Self}`",
+    label = "this return type cannot carry a lock failure",
+    note = "return `Result<T, E>` where `E: From<lock_runtime::LockError>` (or name a conversion with `map_err = path`)"
 )]
-pub trait LockResult: Sized {
-    /// The error value for a lock failure.
-    fn from_lock_error(err: LockError) -> Self;
+pub trait CallResult {
+    /// The error type.
+    type Error;
     /// Whether this is a success (which a lost lock must not let through).
     fn is_success(&self) -> bool;
+    /// The failure `err`.
+    fn failed(err: Self::Error) -> Self;
 }
 
-impl<T, E: From<LockError>> LockResult for Result<T, E> {
-    fn from_lock_error(err: LockError) -> Self {
-        Err(E::from(err))
-    }
+impl<T, E> CallResult for Result<T, E> {
+    type Error = E;
 
     fn is_success(&self) -> bool {
         self.is_ok()
+    }
+
+    fn failed(err: E) -> Self {
+        Err(err)
     }
 }
 
@@ -88,10 +96,6 @@ pub fn acquire_blocking(call: Call) -> Result<LockGuard, LockError> {
     lock(call).acquire_blocking()
 }
 
-pub fn lock_error<R: LockResult>(err: LockError) -> R {
-    R::from_lock_error(err)
-}
-
 /// Runs an async body inside the lock's reentrancy scope until it completes, or until the lock
 /// is lost or `max_hold` passes: then the body is dropped at its current `.await` and `None` is
 /// returned.
@@ -104,16 +108,16 @@ pub fn run_blocking<R>(guard: &LockGuard, body: impl FnOnce() -> R) -> R {
     guard.in_scope_blocking(body)
 }
 
-/// Releases the guard after an async body and returns the call's result: the body's, or the
-/// error that replaces it (see `hold::verdict`).
-pub async fn finish<R: LockResult>(guard: LockGuard, out: Option<R>) -> R {
+/// Releases the guard after an async body (`None`: stopped) and returns the body's result, or
+/// the error that replaces it (see `hold::verdict`), which the expansion converts.
+pub async fn finish<R: CallResult>(guard: LockGuard, out: Option<R>) -> Result<R, LockError> {
     let verdict = guard.finish(Body::of(out.as_ref(), R::is_success)).await;
-    hold::call_result(verdict, out, R::from_lock_error)
+    hold::call_result(verdict, out)
 }
 
 /// [`finish`] for sync bodies: a lock lost (or held past `max_hold`) while the body ran turns its
 /// success into the error.
-pub fn finish_blocking<R: LockResult>(guard: LockGuard, out: R) -> R {
+pub fn finish_blocking<R: CallResult>(guard: LockGuard, out: R) -> Result<R, LockError> {
     let verdict = guard.finish_blocking(Body::of(Some(&out), R::is_success));
-    hold::call_result(verdict, Some(out), R::from_lock_error)
+    hold::call_result(verdict, Some(out))
 }

@@ -391,6 +391,8 @@ fn check_min_hold(
     let Some(min_hold) = min_hold else {
         return Ok(());
     };
+    lock_rules::check_min_hold(min_hold)
+        .map_err(|e| LockError::config("min_hold", format!("{e}, got {min_hold:?}")))?;
     if mode != Mode::Exclusive {
         return Err(LockError::config(
             "min_hold",

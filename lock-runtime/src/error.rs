@@ -90,6 +90,28 @@ impl LockError {
     }
 }
 
+/// The error types a `#[distributed_lock]` function (or [`Lock::run`](crate::Lock::run)) can
+/// return a lock failure in without `map_err`: every `E: From<LockError>`. Implemented for all
+/// of them; there is nothing to implement. For an error type that cannot have
+/// `From<LockError>` (a foreign type: the orphan rule), name a conversion in the attribute with
+/// `map_err = path` (a `fn(LockError) -> E`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry a lock failure: it does not implement `From<LockError>`",
+    label = "the error type of this locked function",
+    note = "implement `From<lock_runtime::LockError>` for `{Self}`, or name a conversion in the attribute with `map_err = path` (a `fn(LockError) -> {Self}`)",
+    note = "`std::io::Error`, `anyhow::Error`, `Box<dyn Error + Send + Sync>` and (feature `tonic`) `tonic::Status` have it already"
+)]
+pub trait FromLockError {
+    /// `err` as this error type.
+    fn from_lock_error(err: LockError) -> Self;
+}
+
+impl<E: From<LockError>> FromLockError for E {
+    fn from_lock_error(err: LockError) -> Self {
+        E::from(err)
+    }
+}
+
 /// What went wrong on one Redis node, or on an etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFailure {

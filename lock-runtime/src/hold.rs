@@ -383,18 +383,17 @@ pub(crate) fn verdict(
     }
 }
 
-/// A locked call's result from its [`verdict`] and the body's output (`None`: stopped):
-/// `from_error` makes the caller's result type from the error that replaces the body's.
+/// A locked call's result from its [`verdict`] and the body's output (`None`: stopped): the
+/// body's, or the error that replaces it.
 pub(crate) fn call_result<R>(
     verdict: Result<(), LockError>,
     out: Option<R>,
-    from_error: impl FnOnce(LockError) -> R,
-) -> R {
+) -> Result<R, LockError> {
     match (verdict, out) {
-        (Ok(()), Some(out)) => out,
-        (Err(err), _) => from_error(err),
+        (Ok(()), Some(out)) => Ok(out),
+        (Err(err), _) => Err(err),
         // `verdict` answers an error for every stopped body; this is only its fallback.
-        (Ok(()), None) => from_error(LockError::Runtime {
+        (Ok(()), None) => Err(LockError::Runtime {
             reason: "the body was stopped but no loss was recorded".to_owned(),
         }),
     }

@@ -35,7 +35,8 @@
 //! # The attribute
 //!
 //! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", min_hold = "...",
-//! reentrant = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
+//! reentrant = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME, map_err = path,
+//! crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
 //!
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
@@ -44,12 +45,13 @@
 //! | `ttl` | no | time to live, e.g. `"500ms"`, `"10s"`, `"1m 30s"` (10ms to 365 days); renewed while the body runs, so it bounds how long a *crashed* holder blocks others, not how long the body may take | [`LockConfig::default_ttl`] (30s) |
 //! | `wait` | no | how long to wait while someone else holds it; `"0s"` = one attempt | [`LockConfig::default_wait`] (0) |
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
-//! | `min_hold` | no | the least time the lock is kept after its grant, even when the body returns earlier: see [Min hold](#min-hold); at most `max_hold` (both given: a compile error), exclusive locks only | none |
+//! | `min_hold` | no | the least time the lock is kept after its grant, even when the body returns earlier: see [Min hold](#min-hold); at most `max_hold` (both given: a compile error) and 365 days, exclusive locks only | none |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
 //! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; on Redlock the order is the gate node's line | `false` |
 //! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
 //! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) | none |
 //! | `guard` | no | binds `NAME: &LockGuard` inside the body (fencing token, [`LockGuard::is_lost`], [`LockGuard::lost`]) | |
+//! | `map_err` | no | a `fn(LockError) -> E` that makes the function's error type `E` of a lock failure, for an `E` without `From<LockError>` (a foreign type): see [Your error type](#your-error-type) | `From<LockError>` |
 //! | `crate` | no | path of this crate when it is re-exported, e.g. `crate = "my_lib::locks"` | `::lock_runtime` |
 //!
 //! Durations are checked at compile time: a `ttl` outside 10ms..=365 days is a compile error, by
@@ -97,9 +99,40 @@
 //! is `Send` when its body's is. A sync function blocks its thread while it waits for the lock, and
 //! may be called from async code (it blocks that thread, never panics).
 //!
-//! The return type must be `Result<T, E>` with `E: From<LockError>`: [`LockError`] itself,
-//! your own error with a `#[from] LockError` variant, `anyhow::Error`, or
-//! `Box<dyn std::error::Error + Send + Sync>`. Anything else is a compile error that says so.
+//! ## Your error type
+//!
+//! The return type must be `Result<T, E>` (through an alias too: `std::io::Result<T>`,
+//! `anyhow::Result<T>`), and a lock failure becomes an `E` one of four ways:
+//! - `E: From<LockError>` (see [`FromLockError`]): your own error with a `#[from] LockError`
+//!   variant;
+//! - `map_err = path`: a `fn(LockError) -> E`, for an `E` you cannot give `From<LockError>` (a
+//!   framework's or another crate's type: the orphan rule); a function of the wrong type is one
+//!   compile error, at the argument;
+//! - the conversions provided: `std::io::Error` (see its `From<LockError>`: the kind says what
+//!   happened, the `LockError` is the inner error), `anyhow::Error`,
+//!   `Box<dyn std::error::Error + Send + Sync>`, with feature `tonic` `tonic::Status` (`Contended`
+//!   and `Lost`: `ABORTED`, `Unavailable`: `UNAVAILABLE`, `MaxHoldExceeded`:
+//!   `DEADLINE_EXCEEDED`, the rest `INTERNAL`), and with feature `axum` [`LockError`] is an axum
+//!   response (`Contended` and `Lost` 409, `Unavailable` 503, `MaxHoldExceeded` 504, the rest 500,
+//!   the message as the body), so a handler returns `Result<T, LockError>`;
+//! - [`LockError`] itself.
+//!
+//! An `E` with neither `From<LockError>` nor `map_err` is one compile error that names both.
+//!
+//! ```
+//! use lock_runtime::{distributed_lock, LockError};
+//!
+//! /// A foreign error type: no `From<LockError>` can be written for it here.
+//! # #[derive(Debug)] pub struct Status(String);
+//! fn to_status(err: LockError) -> Status {
+//!     Status(err.to_string())
+//! }
+//!
+//! #[distributed_lock(key = "job:<id>", map_err = to_status)]
+//! async fn job(id: u64) -> Result<(), Status> {
+//!     Ok(())
+//! }
+//! ```
 //!
 //! ## Several keys
 //!
@@ -445,6 +478,7 @@ mod bridge;
 mod callers;
 mod client;
 mod config;
+mod convert;
 mod election;
 mod engine;
 mod error;
@@ -471,7 +505,7 @@ pub mod fault_table {}
 pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use election::{Election, Leadership};
-pub use error::{FailureKind, LockError, NodeFailure};
+pub use error::{FailureKind, FromLockError, LockError, NodeFailure};
 pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;
 pub use info::{LockInfo, NodeLockState};

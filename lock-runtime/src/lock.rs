@@ -332,7 +332,7 @@ impl Lock {
         let guard = self.acquire().await?;
         let out = guard.until_stopped(body).await;
         let verdict = guard.finish(Body::of(out.as_ref(), Result::is_ok)).await;
-        hold::call_result(verdict, out, |err| Err(err.into()))
+        hold::call_result(verdict, out).unwrap_or_else(|err| Err(err.into()))
     }
 
     /// [`run`](Self::run) for sync code: blocks this thread to acquire, runs `body` on it, then
@@ -345,7 +345,7 @@ impl Lock {
         let guard = self.acquire_blocking()?;
         let out = guard.in_scope_blocking(body);
         let verdict = guard.finish_blocking(Body::of(Some(&out), Result::is_ok));
-        hold::call_result(verdict, Some(out), |err| Err(err.into()))
+        hold::call_result(verdict, Some(out)).unwrap_or_else(|err| Err(err.into()))
     }
 }
 

@@ -181,3 +181,45 @@ async fn renew_interval_close_to_the_ttl_is_rejected_or_keeps_the_lock() {
     );
     guard.release().await.expect("still ours");
 }
+
+/// `Lock::min_hold` by the attribute's rule (lock-rules): at most 365 days, as a ttl. Before, two
+/// years left the key for two years after the release, and `Duration::MAX` was taken and kept
+/// nothing (the key was gone at the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_hold_past_365_days_is_a_config_error() {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    for too_long in [DAY * 366, DAY * 730, Duration::MAX] {
+        let key = unique_key("life:min-hold-long");
+        let err = locks
+            .lock(&key)
+            .min_hold(too_long)
+            .acquire()
+            .await
+            .expect_err("taken");
+        assert_eq!(field_of(&err), Some("min_hold"), "{too_long:?}: {err:?}");
+        assert!(
+            server.keys(&format!("*{key}*")).is_empty(),
+            "{too_long:?}: something was written"
+        );
+    }
+    // The bound itself is taken, and kept that long after the release.
+    let key = unique_key("life:min-hold-year");
+    let guard = locks
+        .lock(&key)
+        .min_hold(DAY * 365)
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(lock_tests::lock_keys(&key).lock)
+        .query(&mut server.admin())
+        .unwrap();
+    let year_ms = i64::try_from((DAY * 365).as_millis()).unwrap();
+    assert!(
+        pttl > year_ms - 60_000 && pttl <= year_ms,
+        "the key's ttl after the release: {pttl} ms"
+    );
+}

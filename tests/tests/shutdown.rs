@@ -107,7 +107,7 @@ async fn shutdown_cancels_a_running_body_with_lost() {
     )
     .await;
     assert!(out.is_none(), "the body ran on after shutdown");
-    let result: Result<(), LockError> = lock_runtime::__private::finish(guard, out).await;
+    let result = lock_runtime::__private::finish(guard, out).await;
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     stop.await.unwrap();
 }

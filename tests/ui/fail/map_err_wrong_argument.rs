@@ -1,0 +1,17 @@
+use lock_runtime::distributed_lock;
+
+#[derive(Debug)]
+struct Status;
+
+fn to_status(_: String) -> Status {
+    Status
+}
+
+#[distributed_lock(key = "job:<id>", map_err = to_status)]
+fn job(id: u32) -> Result<u32, Status> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = job(1);
+}
