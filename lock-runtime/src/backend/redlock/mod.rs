@@ -1,6 +1,8 @@
 //! Redlock: a quorum over N independent nodes (any [`Node`]), each running the single-node
-//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
-//! as soon as the quorum is won or can no longer be won: a slow or frozen minority never delays it.
+//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in
+//! parallel (but a waiter's attempt on a contended lock, which asks the lock's gate node first:
+//! see `gate.rs` and [`Quorum::acquire`]) and the decision is taken as soon as the quorum is won
+//! or can no longer be won: a slow or frozen minority never delays it.
 //!
 //! The requests a decision no longer waits for still run to the end in the background: after a
 //! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
@@ -355,6 +357,21 @@ impl Quorum {
             .collect()
     }
 
+    /// Which lock modes Redlock offers: every one but semaphores (see the message).
+    pub(crate) fn supports(mode: Mode) -> Result<(), String> {
+        match mode {
+            Mode::Exclusive | Mode::Shared | Mode::Fair => Ok(()),
+            Mode::Permits(_) => Err(
+                "Redlock cannot offer a semaphore safely: each node counts its own holders, and \
+                 with more than one permit, more holders than permits can each win a different \
+                 majority (5 nodes, 2 permits: three holders on nodes {1,2,3}, {3,4,5} and \
+                 {1,2,4} leave no node over its count). Use a single node, Sentinel, Cluster or \
+                 etcd for permits"
+                    .to_owned(),
+            ),
+        }
+    }
+
     /// Acquires on a quorum.
     ///
     /// Failure is `Err` (unavailable) when more nodes failed than a quorum can spare, whatever the
@@ -381,21 +398,7 @@ impl Quorum {
     /// other, by a majority, so the lines only order the waiters: while the lock is contended its
     /// waiters ask the gate first and line up there, so the gate's line is the order. A waiter
     /// that wins a minority (the lines disagree) withdraws, which passes those nodes on and puts
-    /// it at the back of their lines. Semaphores are not offered: see the message.
-    pub(crate) fn supports(mode: Mode) -> Result<(), String> {
-        match mode {
-            Mode::Exclusive | Mode::Shared | Mode::Fair => Ok(()),
-            Mode::Permits(_) => Err(
-                "Redlock cannot offer a semaphore safely: each node counts its own holders, and \
-                 with more than one permit, more holders than permits can each win a different \
-                 majority (5 nodes, 2 permits: three holders on nodes {1,2,3}, {3,4,5} and \
-                 {1,2,4} leave no node over its count). Use a single node, Sentinel, Cluster or \
-                 etcd for permits"
-                    .to_owned(),
-            ),
-        }
-    }
-
+    /// it at the back of their lines.
     pub(crate) async fn acquire(
         &self,
         names: &Names,
