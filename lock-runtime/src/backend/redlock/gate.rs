@@ -43,6 +43,50 @@ struct Refusal {
     held: bool,
     /// The releases of the lock's names this client had heard by then.
     heard: u64,
+    /// The copy on the gate that refused it, if the gate did.
+    gate: Option<GateCopy>,
+}
+
+/// A copy of a lock on its gate node that refused an attempt, told apart from another by when
+/// it expires: two answers a pause apart that name the same expiry are the same copy, neither
+/// renewed nor handed to someone else meanwhile.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GateCopy {
+    /// It expires between these two moments: the server read its time to live somewhere between
+    /// the request and the answer.
+    Expires { from: Instant, to: Instant },
+    /// It never expires (set by someone else, without a ttl).
+    Never,
+}
+
+/// How far apart two readings of one expiry may lie beyond the round trips they were made in:
+/// `PTTL` counts whole milliseconds.
+const PTTL_GRAIN: Duration = Duration::from_millis(1);
+
+impl GateCopy {
+    /// The copy whose time to live the gate answered `pttl` to a request sent at `asked` (read
+    /// now, as the answer is taken).
+    pub(super) fn of(asked: Instant, pttl: Option<Duration>) -> Self {
+        let expires = pttl.and_then(|pttl| {
+            let to = Instant::now().checked_add(pttl.checked_add(PTTL_GRAIN)?)?;
+            Some(GateCopy::Expires {
+                from: asked.checked_add(pttl)?,
+                to,
+            })
+        });
+        // Beyond what the clock counts: as good as never.
+        expires.unwrap_or(GateCopy::Never)
+    }
+
+    fn same(self, other: GateCopy) -> bool {
+        match (self, other) {
+            (GateCopy::Expires { from, to }, GateCopy::Expires { from: f, to: t }) => {
+                from <= t && f <= to
+            }
+            (GateCopy::Never, GateCopy::Never) => true,
+            _ => false,
+        }
+    }
 }
 
 impl Memory {
@@ -73,12 +117,20 @@ impl Memory {
         remember(&mut contended, Arc::clone(name), Instant::now(), |at| *at);
     }
 
-    /// A waiting attempt of `token` on `names` was refused; `pttl` as the answer said.
-    pub(super) fn refused(&self, names: &[Arc<str>], token: &Token, pttl: Option<Duration>) {
+    /// A waiting attempt of `token` on `names` was refused; `pttl` as the answer said, `gate`
+    /// the copy on the gate that refused it too, if it did.
+    pub(super) fn refused(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        pttl: Option<Duration>,
+        gate: Option<GateCopy>,
+    ) {
         let refusal = Refusal {
             at: Instant::now(),
             held: pttl != Some(Duration::ZERO),
             heard: self.heard(names),
+            gate,
         };
         let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         remember(&mut refused, token.clone(), refusal, |r| r.at);
@@ -90,19 +142,29 @@ impl Memory {
         refused.remove(token);
     }
 
-    /// Whether the gate's "held", answered to a gated attempt of `token` on `names`, is to be
-    /// checked with the other nodes: when this waiter's last refusal was a hold, and this client
-    /// has heard no release of the lock since. Its pause then ran out: the holder has held on
-    /// since, or let go without the gate hearing of it (a release whose part on the gate was
-    /// lost leaves its copy there until its ttl, and announces nothing there). Only the other
-    /// nodes tell. A waiter woken by a release keeps to the gate: it and the other woken
-    /// waiters, asking the others too, would split the vote with whoever won the gate.
-    pub(super) fn looks_past_the_gate(&self, names: &[Arc<str>], token: &Token) -> bool {
+    /// Whether the gate's "held", answered to a gated attempt of `token` on `names` by the copy
+    /// `copy`, is to be checked with the other nodes: when the waiter's last refusal was a hold
+    /// by that same copy, and this client has heard no release of the lock since. The waiter's
+    /// pause then ran out with the same copy on the gate, neither renewed nor handed on: a
+    /// holder that holds on without renewing, or one that let go without the gate hearing of it
+    /// (a release whose part on the gate was lost leaves its copy there until its ttl, and
+    /// announces nothing there). Only the other nodes tell.
+    ///
+    /// Otherwise the gate's "held" is the answer. A waiter woken by a release, and one that
+    /// finds a new copy on the gate (a fair lock handed on, whose waiters are not told of each
+    /// other's hand-offs), keeps to the gate: asking the others too, it would race the gate's
+    /// new holder for them, split the vote, or take a fair lock out of its line's order.
+    pub(super) fn looks_past_the_gate(
+        &self,
+        names: &[Arc<str>],
+        token: &Token,
+        copy: GateCopy,
+    ) -> bool {
         let heard = self.heard(names);
         let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        refused
-            .get(token)
-            .is_some_and(|last| last.held && last.heard == heard)
+        refused.get(token).is_some_and(|last| {
+            last.held && last.heard == heard && last.gate.is_some_and(|gate| gate.same(copy))
+        })
     }
 
     fn heard(&self, names: &[Arc<str>]) -> u64 {
@@ -128,4 +190,68 @@ fn remember<K: Hash + Eq, V>(
         }
     }
     map.insert(key, value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::owner::Identity;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// The copy read by a request sent at `asked` and answered `rtt` later, `pttl` left.
+    fn read(asked: Instant, rtt: Duration, pttl: Duration) -> GateCopy {
+        let to = asked + rtt + pttl + PTTL_GRAIN;
+        GateCopy::Expires {
+            from: asked + pttl,
+            to,
+        }
+    }
+
+    #[test]
+    fn one_copy_read_twice_is_the_same_and_a_copy_set_since_is_not() {
+        let start = Instant::now();
+        let expiry = start + Duration::from_secs(30);
+        let first = read(start, MS, expiry - start);
+        // A pause later, over a slower round trip: the same expiry.
+        let later = start + Duration::from_millis(800);
+        assert!(first.same(read(later, 20 * MS, expiry - later)));
+        // Renewed, or handed to the next waiter of a fair lock, 5 ms apart.
+        let other = expiry + 5 * MS;
+        assert!(!first.same(read(later, MS, other - later)));
+        assert!(GateCopy::Never.same(GateCopy::Never));
+        assert!(!first.same(GateCopy::Never));
+        // A time to live beyond the clock's range counts as none.
+        let far = GateCopy::of(start, Some(Duration::MAX));
+        assert!(far.same(GateCopy::Never));
+    }
+
+    #[test]
+    fn a_waiter_looks_past_the_gate_only_after_a_silent_pause_behind_the_same_copy() {
+        let wakers = Arc::new(WakeRegistry::default());
+        let memory = Memory::new(Arc::clone(&wakers));
+        let names: Vec<Arc<str>> = vec![Arc::from("gate:a")];
+        let token = Token::new(&Identity::new(None), Instant::now());
+        let start = Instant::now();
+        let copy = read(start, MS, Duration::from_secs(30));
+        // Not refused before (its first attempt, or it won since).
+        assert!(!memory.looks_past_the_gate(&names, &token, copy));
+        // Refused by a hold, then the pause ran out: the same copy is checked with the others.
+        let _watching = wakers.watch("gate:a");
+        memory.refused(&names, &token, Some(Duration::from_secs(30)), Some(copy));
+        assert!(memory.looks_past_the_gate(&names, &token, copy));
+        // Another copy on the gate (renewed, handed on): the gate's answer stands.
+        let other = read(start, MS, Duration::from_secs(31));
+        assert!(!memory.looks_past_the_gate(&names, &token, other));
+        // A release heard since: the gate's answer stands.
+        wakers.notify("gate:a");
+        assert!(!memory.looks_past_the_gate(&names, &token, copy));
+        // After a split vote: the contenders retry at the gate, or they would split again.
+        memory.refused(&names, &token, Some(Duration::ZERO), Some(copy));
+        assert!(!memory.looks_past_the_gate(&names, &token, copy));
+        memory.refused(&names, &token, Some(Duration::from_secs(30)), Some(copy));
+        assert!(memory.looks_past_the_gate(&names, &token, copy));
+        memory.granted(&token);
+        assert!(!memory.looks_past_the_gate(&names, &token, copy));
+    }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -35,7 +35,7 @@ mod gate;
 
 pub(crate) use config::RedlockConfig;
 pub(crate) use gate::gate_of;
-use gate::{GATE_PATIENCE, Memory};
+use gate::{GATE_PATIENCE, GateCopy, Memory};
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
@@ -426,8 +426,11 @@ impl Quorum {
         // The gate's "held" is one node's word: a hint to wait for its announcement, never the
         // answer for a caller that does not wait (a release returns once a majority confirmed
         // it, and its part on the gate may land later; the lock is free all the same).
+        // A waiter's: when it asked, and the copy on the gate that refused it (see `Memory`).
+        let asked = ask.queue.then(Instant::now);
+        let mut gate_copy = None;
         let gated = n > 1 && ask.queue && self.memory.contended_recently(&names[0]);
-        if gated {
+        if let Some(asked) = asked.filter(|_| gated) {
             if let Some(step) = steps[gate].take() {
                 start(&mut parts, step, ask);
             }
@@ -439,26 +442,36 @@ impl Quorum {
                         pttl,
                         ticket,
                     }),
-                ))) if !self.memory.looks_past_the_gate(names, token) => {
-                    // The gate's holder (or a contender that got there first) goes on; nothing
-                    // was sent to the other nodes. Their steps end unused. A fair waiter now
-                    // has its place in the gate's line.
-                    for step in steps.into_iter().flatten() {
-                        step.end_unused(&self.tasks);
+                ))) => {
+                    let copy = GateCopy::of(asked, pttl);
+                    if !self.memory.looks_past_the_gate(names, token, copy) {
+                        // The gate's holder (or a contender that got there first) goes on;
+                        // nothing was sent to the other nodes. Their steps end unused. A fair
+                        // waiter now has its place in the gate's line.
+                        for step in steps.into_iter().flatten() {
+                            step.end_unused(&self.tasks);
+                        }
+                        verdict_tx.send_replace(Some(false));
+                        parts.decided();
+                        self.memory.mark_contended(&names[0]);
+                        self.memory.refused(names, token, pttl, Some(copy));
+                        return Ok(Attempt::Held {
+                            index,
+                            pttl,
+                            ticket,
+                        });
                     }
-                    verdict_tx.send_replace(Some(false));
-                    parts.decided();
-                    self.memory.mark_contended(&names[0]);
-                    self.memory.refused(names, token, pttl);
-                    return Ok(Attempt::Held {
-                        index,
-                        pttl,
-                        ticket,
-                    });
-                }
-                Ok(Some(held @ (_, Ok(Attempt::Held { .. })))) => {
-                    // Checked with the others: they decide. Its place in line stays the gate's.
-                    first = Some(held);
+                    // Checked with the others: they decide, and the waiter's place in line
+                    // stays the gate's.
+                    gate_copy = Some(copy);
+                    first = Some((
+                        gate,
+                        Ok(Attempt::Held {
+                            index,
+                            pttl,
+                            ticket,
+                        }),
+                    ));
                     others_ask = Ask {
                         queue: false,
                         waits: Duration::ZERO,
@@ -522,6 +535,9 @@ impl Quorum {
                 }) => {
                     if node == gate {
                         gate_ticket = ticket;
+                        if let Some(asked) = asked {
+                            gate_copy.get_or_insert(GateCopy::of(asked, pttl));
+                        }
                     } else {
                         other_ticket = other_ticket.or(ticket);
                     }
@@ -576,7 +592,8 @@ impl Quorum {
         } else if won > 0 {
             self.memory.mark_contended(&names[0]);
             if ask.queue {
-                self.memory.refused(names, token, Some(Duration::ZERO));
+                self.memory
+                    .refused(names, token, Some(Duration::ZERO), gate_copy);
             }
             // A split vote: this attempt won some nodes, so no holder has them all; the other
             // contenders are withdrawing their grants as this one does. Nobody will publish a
@@ -592,7 +609,7 @@ impl Quorum {
             self.memory.mark_contended(&names[0]);
             let (index, pttl) = held.unwrap_or((0, None));
             if ask.queue {
-                self.memory.refused(names, token, pttl);
+                self.memory.refused(names, token, pttl, gate_copy);
             }
             Ok(Attempt::Held {
                 index,
