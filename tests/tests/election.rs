@@ -264,8 +264,8 @@ fn lock_value(node: &RedisServer, name: &str) -> Option<String> {
 /// A leader resigns, and its release's part on the election's gate node is lost (the link
 /// reset mid-request): the other two nodes confirm it, and the gate keeps the old leader's copy
 /// for its ttl (30 s). A campaign already waiting asks the gate alone and listens there alone:
-/// it was told "held" at every attempt and heard no release, while the majority was free. It is
-/// elected within one pause of the resignation.
+/// it was told "held" at every attempt and heard no release, while the majority was free (it was
+/// elected when the copy expired). It is elected within one pause of the resignation.
 #[tokio::test]
 async fn a_campaign_is_not_held_up_by_a_stale_copy_on_the_gate() {
     let masters = RedisMasters::start(3);

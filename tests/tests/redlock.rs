@@ -1658,8 +1658,8 @@ fn lock_value(node: &RedisServer, key: &str) -> Option<String> {
 /// once the other two confirmed it, and leaves the old holder's copy on the gate until its ttl.
 /// A waiter already waiting asks the gate alone (the lock is contended) and listens there alone:
 /// it was told "held" at every attempt, heard no release, and waited out the copy's ttl (30 s),
-/// while the majority was free. A gated attempt after a pause that heard no release asks every
-/// node: the waiter is granted within one pause.
+/// while the majority was free. A gated attempt after a pause that heard no release, refused by
+/// the same copy as the attempt before, asks every node: the waiter is granted within one pause.
 #[tokio::test]
 async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
     let masters = RedisMasters::start(3);
