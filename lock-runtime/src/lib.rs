@@ -413,7 +413,9 @@
 //!   guard is returned, so every later majority hands out a larger one (as long as no node loses its counters). Every node
 //!   announces a release; a waiter listens at one, the gate of its lock (chosen by the lock's
 //!   first key: the node its attempts ask first), and at the others when that one does not
-//!   confirm its subscription.
+//!   confirm its subscription. A waiter whose pause ran out with the same copy on the gate asks
+//!   every node: a copy left there by a release whose part on the gate failed holds it up for
+//!   one pause, not for that copy's ttl (DEPLOYING.md, "The gate").
 //! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a random
 //!   UUID token) extends or releases; loss is signalled; no orphan locks after cancellation, panic
 //!   or [`shutdown`]; contention and failure are distinct errors; every acquire answers within its

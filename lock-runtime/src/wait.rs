@@ -109,6 +109,13 @@ impl WakeRegistry {
         }
     }
 
+    /// How many releases of `name` this client heard while someone in it waited for `name`
+    /// (0 when nobody does): two readings differ when one was heard in between.
+    pub(crate) fn heard(&self, name: &str) -> u64 {
+        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        names.get(name).map_or(0, |slot| slot.tx.borrow().count)
+    }
+
     fn forget(&self, name: &str) {
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = names.get_mut(name) {

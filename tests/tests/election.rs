@@ -14,10 +14,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use lock_runtime::layout::redlock_gate;
 use lock_runtime::{LockClient, LockConfig, LockError};
 use lock_tests::history::{self, Grant, now_ns};
 use lock_tests::{
-    RedisMasters, RedisServer, SCHEDULING_SLACK, Worker, bounded, finish_all, unique_key,
+    FaultProxy, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker, await_waiter,
+    bounded, finish_all, lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const WORKERS: usize = 3;
@@ -232,4 +234,92 @@ fn kill_two_leaders(urls: &str, data: &RedisServer) -> Vec<Duration> {
         panic!("{violation}");
     }
     hand_overs
+}
+
+/// A Redlock client of `urls` with short timeouts (one request [`QUICK_REQUEST`]) and pauses
+/// between attempts below a second (`retry_delay` 20 ms doubling up to 8x, jittered by half: at
+/// most [`GATED_PAUSE`]), so a waiting campaign's attempts stay gated: they ask the gate node
+/// first (the gate is taken for a lock found held in the last second).
+fn gated_redlock(urls: Vec<String>) -> LockClient {
+    LockClient::new(
+        LockConfig::redlock(urls)
+            .connect_timeout(ms(200))
+            .response_timeout(ms(200))
+            .retry_delay(ms(20)),
+    )
+    .unwrap()
+}
+
+/// The longest pause of a [`gated_redlock`] waiter: 8 x 20 ms x 1.5.
+const GATED_PAUSE: Duration = Duration::from_millis(240);
+
+/// The value of `name`'s lock on `node` (the leader's token: compared, never printed).
+fn lock_value(node: &RedisServer, name: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(lock_keys(name).lock)
+        .query(&mut node.admin())
+        .unwrap()
+}
+
+/// A leader resigns, and its release's part on the election's gate node is lost (the link
+/// reset mid-request): the other two nodes confirm it, and the gate keeps the old leader's copy
+/// for its ttl (30 s). A campaign already waiting asks the gate alone and listens there alone:
+/// it was told "held" at every attempt and heard no release, while the majority was free (it was
+/// elected when the copy expired). It is elected within one pause of the resignation.
+#[tokio::test]
+async fn a_campaign_is_not_held_up_by_a_stale_copy_on_the_gate() {
+    let masters = RedisMasters::start(3);
+    let name = unique_key("election:stale-gate");
+    let gate = redlock_gate(&name, 3);
+    let proxy = FaultProxy::start(masters.nodes[gate].port());
+    let mut urls = masters.urls();
+    urls[gate] = proxy.url();
+    let leader = gated_redlock(urls);
+    warm_up(&leader).await;
+    let campaigner = gated_redlock(masters.urls());
+    let ttl = Duration::from_secs(30);
+    let leadership = leader.election(&name).ttl(ttl).campaign().await.unwrap();
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    wait_until_async(Duration::from_secs(2), "the leader on every node", || {
+        nodes.iter().all(|n| lock_value(n, &name).is_some())
+    })
+    .await;
+    let led_by = lock_value(nodes[gate], &name);
+    let campaign = tokio::spawn({
+        let election = campaigner.election(&name).ttl(ttl);
+        async move { election.campaign().await }
+    });
+    // Refused by every node, it listens at the gate; its next attempts ask the gate first.
+    await_waiter(nodes[gate], &name).await;
+    proxy.set_blackhole(true);
+    leadership.resign().await.unwrap();
+    proxy.cut_all();
+    let resigned = std::time::Instant::now();
+    assert!(
+        lock_value(nodes[gate], &name) == led_by,
+        "the gate no longer has the old leader's copy"
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        assert!(
+            i == gate || lock_value(node, &name) != led_by,
+            "the resignation did not reach node {i}"
+        );
+    }
+    // The attempt in flight at the resignation (the gate, then the others: two requests), at
+    // most one pause, and the attempt after it (two requests, and the epoch's write-back).
+    let bound = QUICK_REQUEST * 5 + GATED_PAUSE + SCHEDULING_SLACK;
+    let elected = tokio::time::timeout(bound, campaign).await;
+    let took = resigned.elapsed();
+    assert!(
+        lock_value(nodes[gate], &name) == led_by,
+        "the gate's stale copy is gone: it did not hold the campaign up"
+    );
+    let elected = elected
+        .unwrap_or_else(|_| panic!("a stale copy on the gate held the campaign up past {bound:?}"))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("after {took:?}: {e:?}"));
+    eprintln!(
+        "redlock: a campaign behind a stale gate copy elected {took:?} after the resignation"
+    );
+    elected.resign().await.unwrap();
 }

@@ -1636,3 +1636,88 @@ async fn a_token_is_handed_out_once_a_majority_of_its_granting_nodes_has_it() {
         );
     }
 }
+
+/// The backoff of [`a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause`]'s waiter:
+/// its pauses (`retry_delay` doubling up to 8x, jittered by half) stay below a second, so its
+/// attempts stay gated (the gate is taken for a lock found held in the last second).
+const STALE_GATE_RETRY: Duration = Duration::from_millis(20);
+/// The longest pause of that waiter: 8 x [`STALE_GATE_RETRY`] x 1.5.
+const STALE_GATE_PAUSE: Duration = Duration::from_millis(240);
+/// The old holder's ttl: what its copy left on the gate held a gated waiter up for.
+const STALE_GATE_TTL: Duration = Duration::from_secs(30);
+
+/// The value of `key`'s lock on `node` (the holder's token: compared, never printed).
+fn lock_value(node: &RedisServer, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(lock_keys(key).lock)
+        .query(&mut node.admin())
+        .unwrap()
+}
+
+/// A release whose part on the lock's gate node is lost (the link reset mid-request) returns
+/// once the other two confirmed it, and leaves the old holder's copy on the gate until its ttl.
+/// A waiter already waiting asks the gate alone (the lock is contended) and listens there alone:
+/// it was told "held" at every attempt, heard no release, and waited out the copy's ttl (30 s),
+/// while the majority was free. A gated attempt after a pause that heard no release, refused by
+/// the same copy as the attempt before, asks every node: the waiter is granted within one pause.
+#[tokio::test]
+async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
+    let masters = RedisMasters::start(3);
+    let key = unique_key("redlock:stale-gate");
+    let gate = redlock_gate(&key, 3);
+    let proxy = FaultProxy::start(masters.nodes[gate].port());
+    let mut urls = masters.urls();
+    urls[gate] = proxy.url();
+    let holder = redlock_client(urls);
+    warm_up(&holder).await;
+    let waiter = LockClient::new(config(masters.urls()).retry_delay(STALE_GATE_RETRY)).unwrap();
+    let guard = holder
+        .lock(&key)
+        .ttl(STALE_GATE_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    wait_on_all(&nodes, &key).await;
+    let held_by = lock_value(nodes[gate], &key);
+    assert!(held_by.is_some());
+    let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(20)));
+    // Refused by every node, it listens at the gate; its next attempts ask the gate first.
+    await_waiter(nodes[gate], &key).await;
+    // The release's part on the gate is held by the proxy, then reset with the link: it never
+    // reaches the gate. The other two nodes confirm it, which is the release's majority.
+    proxy.set_blackhole(true);
+    guard.release().await.unwrap();
+    proxy.cut_all();
+    let released = Instant::now();
+    assert!(
+        lock_value(nodes[gate], &key) == held_by,
+        "the gate no longer has the old holder's copy"
+    );
+    for node in all_but(&masters, gate) {
+        assert!(
+            lock_value(node, &key) != held_by,
+            "the release did not reach port {}",
+            node.port()
+        );
+    }
+    // The attempt in flight at the release (the gate, then the others: two requests), at most
+    // one pause, and the attempt after it.
+    let bound = QUICK_REQUEST * 4 + STALE_GATE_PAUSE + SCHEDULING_SLACK;
+    let got = tokio::time::timeout(bound, waiting).await;
+    let took = released.elapsed();
+    let stale: i64 = redis::cmd("PTTL")
+        .arg(lock_keys(&key).lock)
+        .query(&mut nodes[gate].admin())
+        .unwrap();
+    assert!(
+        lock_value(nodes[gate], &key) == held_by && stale > 20_000,
+        "the gate's stale copy is gone (PTTL {stale} ms): it did not hold the waiter up"
+    );
+    let got = got
+        .unwrap_or_else(|_| panic!("a stale copy on the gate held the waiter up past {bound:?}"))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("after {took:?}: {e:?}"));
+    eprintln!("redlock: a waiter behind a stale gate copy granted {took:?} after the release");
+    got.release().await.unwrap();
+}

@@ -75,6 +75,6 @@ impl ValidBackend for ValidRedlock {
                 Ok(Arc::new(node))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Backend::Quorum(Quorum::new(nodes)))
+        Ok(Backend::Quorum(Quorum::new(nodes, wakers)))
     }
 }

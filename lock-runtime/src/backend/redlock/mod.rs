@@ -1,6 +1,8 @@
 //! Redlock: a quorum over N independent nodes (any [`Node`]), each running the single-node
-//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in parallel and the decision is taken
-//! as soon as the quorum is won or can no longer be won: a slow or frozen minority never delays it.
+//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in
+//! parallel (but a waiter's attempt on a contended lock, which asks the lock's gate node first:
+//! see `gate.rs` and [`Quorum::acquire`]) and the decision is taken as soon as the quorum is won
+//! or can no longer be won: a slow or frozen minority never delays it.
 //!
 //! The requests a decision no longer waits for still run to the end in the background: after a
 //! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
@@ -27,9 +29,13 @@ use super::{
 use crate::callers::{self, Routed};
 use crate::error::NodeFailure;
 use crate::signal::Signal;
+use crate::wait::WakeRegistry;
 mod config;
+mod gate;
 
 pub(crate) use config::RedlockConfig;
+pub(crate) use gate::gate_of;
+use gate::{GATE_PATIENCE, GateCopy, Memory};
 
 pub(crate) struct Quorum {
     nodes: Vec<Arc<dyn Node>>,
@@ -39,8 +45,8 @@ pub(crate) struct Quorum {
     quorum: usize,
     /// The latest acquire or release of each (lock, token) that still runs on some node.
     in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
-    /// Lock names this client recently found held, and when: their acquires take the gate.
-    contended: Mutex<HashMap<Arc<str>, Instant>>,
+    /// What this client remembers of the locks it found held: when an acquire takes the gate.
+    memory: Memory,
 }
 
 impl std::fmt::Debug for Quorum {
@@ -220,22 +226,6 @@ impl Drop for Fanout {
     }
 }
 
-/// How long a lock found held counts as contended: its acquires go through the gate meanwhile.
-const CONTENDED_FOR: Duration = Duration::from_secs(1);
-/// How many recently contended lock names a client remembers.
-const CONTENDED_MAX: usize = 4096;
-/// How long a gated acquire waits for the gate node before asking the others anyway.
-const GATE_PATIENCE: Duration = Duration::from_millis(10);
-
-/// The gate node of a lock (its index among `nodes` Redlock nodes, in configuration order): the
-/// same for every client (FNV-1a of the name), spread over the nodes.
-pub(crate) fn gate_of(name: &str, nodes: usize) -> usize {
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    usize::try_from(hash % nodes as u64).unwrap_or(0)
-}
-
 /// One node's part of an acquire: ask it (after the same token's previous operation there), report
 /// the answer, then keep the grant if the verdict is "ours", else withdraw it.
 #[allow(clippy::too_many_arguments)]
@@ -328,13 +318,14 @@ async fn place_after_a_split(
 }
 
 impl Quorum {
-    pub(crate) fn new(nodes: Vec<Arc<dyn Node>>) -> Self {
+    /// `wakers`: the client's, which the nodes' release announcements wake.
+    pub(crate) fn new(nodes: Vec<Arc<dyn Node>>, wakers: Arc<WakeRegistry>) -> Self {
         Quorum {
             quorum: Quorum::majority(nodes.len()),
             nodes,
             tasks: TaskTracker::new(),
             in_flight: Arc::default(),
-            contended: Mutex::default(),
+            memory: Memory::new(wakers),
         }
     }
 
@@ -366,30 +357,7 @@ impl Quorum {
             .collect()
     }
 
-    /// Acquires on a quorum.
-    ///
-    /// Failure is `Err` (unavailable) when more nodes failed than a quorum can spare, whatever the
-    /// others answered, and `Held` (contended) otherwise. The answer is given as soon as it is
-    /// settled, so a frozen minority never delays it, and never depends on which node answers
-    /// first. On failure every node that granted the lock, or may have (no answer), withdraws it
-    /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
-    ///
-    /// A lock this client found held in the last [`CONTENDED_FOR`] goes through a gate: its gate
-    /// node (the same for every client, chosen by the lock's name) is asked first, and the others
-    /// only once it granted, so contenders queue at one node instead of splitting the vote across
-    /// all of them (a split vote wins nobody the lock and costs every contender a retry). The gate
-    /// costs one round trip more, so an uncontended lock skips it; a gate that does not answer
-    /// within [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked
-    /// then, and its answer counts when it comes. A caller that does not wait if refused (its
-    /// wait is over, or zero) skips the gate: the gate's "held" alone would refuse a lock that a
-    /// majority has already let go.
-    ///
-    /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
-    /// lock excludes another. A fair lock is a line on each node; the lock is granted like any
-    /// other, by a majority, so the lines only order the waiters: while the lock is contended its
-    /// waiters ask the gate first and line up there, so the gate's line is the order. A waiter
-    /// that wins a minority (the lines disagree) withdraws, which passes those nodes on and puts
-    /// it at the back of their lines. Semaphores are not offered: see the message.
+    /// Which lock modes Redlock offers: every one but semaphores (see the message).
     pub(crate) fn supports(mode: Mode) -> Result<(), String> {
         match mode {
             Mode::Exclusive | Mode::Shared | Mode::Fair => Ok(()),
@@ -404,6 +372,33 @@ impl Quorum {
         }
     }
 
+    /// Acquires on a quorum.
+    ///
+    /// Failure is `Err` (unavailable) when more nodes failed than a quorum can spare, whatever the
+    /// others answered, and `Held` (contended) otherwise. The answer is given as soon as it is
+    /// settled, so a frozen minority never delays it, and never depends on which node answers
+    /// first. On failure every node that granted the lock, or may have (no answer), withdraws it
+    /// as soon as its acquire is over, so the withdrawal can never overtake the grant.
+    ///
+    /// A lock this client found held in the last second goes through a gate: its gate node (the
+    /// same for every client, chosen by the lock's name) is asked first, and the others only once
+    /// it granted, so contenders queue at one node instead of splitting the vote across all of
+    /// them (a split vote wins nobody the lock and costs every contender a retry). The gate costs
+    /// one round trip more, so an uncontended lock skips it; a gate that does not answer within
+    /// [`GATE_PATIENCE`] (slow, frozen or down) is not waited for: the others are asked then, and
+    /// its answer counts when it comes. A caller that does not wait if refused (its wait is over,
+    /// or zero) skips the gate: the gate's "held" alone would refuse a lock that a majority has
+    /// already let go. Nor does a waiter whose pause ran out without a release heard take the
+    /// gate's "held" for the answer (see [`Memory::looks_past_the_gate`]): it asks the others
+    /// too, without taking a place in their lines, and the majority decides. A release whose part
+    /// on the gate was lost left a copy there that would refuse it until its ttl.
+    ///
+    /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
+    /// lock excludes another. A fair lock is a line on each node; the lock is granted like any
+    /// other, by a majority, so the lines only order the waiters: while the lock is contended its
+    /// waiters ask the gate first and line up there, so the gate's line is the order. A waiter
+    /// that wins a minority (the lines disagree) withdraws, which passes those nodes on and puts
+    /// it at the back of their lines.
     pub(crate) async fn acquire(
         &self,
         names: &Names,
@@ -419,19 +414,25 @@ impl Quorum {
         let mut steps: Vec<Option<NodeStep>> = self.begin(token).into_iter().map(Some).collect();
         let gate = gate_of(&names[0], n);
         let mut parts = Fanout::new(&self.tasks);
-        let start = |parts: &mut Fanout, step: NodeStep| {
+        let start = |parts: &mut Fanout, step: NodeStep, ask: Ask| {
             let node = Arc::clone(&self.nodes[step.index]);
             let (names, token) = (Arc::clone(names), token.clone());
             let (reply_tx, verdict) = (reply_tx.clone(), verdict.clone());
             parts.push(acquire_on(node, step, names, token, ask, reply_tx, verdict));
         };
         let mut first = None;
+        // What the nodes other than the gate are asked.
+        let mut others_ask = ask;
         // The gate's "held" is one node's word: a hint to wait for its announcement, never the
         // answer for a caller that does not wait (a release returns once a majority confirmed
         // it, and its part on the gate may land later; the lock is free all the same).
-        if n > 1 && ask.queue && self.contended_recently(&names[0]) {
+        // A waiter's: when it asked, and the copy on the gate that refused it (see `Memory`).
+        let asked = ask.queue.then(Instant::now);
+        let mut gate_copy = None;
+        let gated = n > 1 && ask.queue && self.memory.contended_recently(&names[0]);
+        if let Some(asked) = asked.filter(|_| gated) {
             if let Some(step) = steps[gate].take() {
-                start(&mut parts, step);
+                start(&mut parts, step, ask);
             }
             match tokio::time::timeout(GATE_PATIENCE, parts.next(&mut replies)).await {
                 Ok(Some((
@@ -442,20 +443,41 @@ impl Quorum {
                         ticket,
                     }),
                 ))) => {
-                    // The gate's holder (or a contender that got there first) goes on; nothing
-                    // was sent to the other nodes. Their steps end unused. A fair waiter now
-                    // has its place in the gate's line.
-                    for step in steps.into_iter().flatten() {
-                        step.end_unused(&self.tasks);
+                    let copy = GateCopy::of(asked, pttl);
+                    if !self.memory.looks_past_the_gate(names, token, copy) {
+                        // The gate's holder (or a contender that got there first) goes on;
+                        // nothing was sent to the other nodes. Their steps end unused. A fair
+                        // waiter now has its place in the gate's line.
+                        for step in steps.into_iter().flatten() {
+                            step.end_unused(&self.tasks);
+                        }
+                        verdict_tx.send_replace(Some(false));
+                        parts.decided();
+                        self.memory.mark_contended(&names[0]);
+                        self.memory.refused(names, token, pttl, Some(copy));
+                        return Ok(Attempt::Held {
+                            index,
+                            pttl,
+                            ticket,
+                        });
                     }
-                    verdict_tx.send_replace(Some(false));
-                    parts.decided();
-                    self.mark_contended(&names[0]);
-                    return Ok(Attempt::Held {
-                        index,
-                        pttl,
-                        ticket,
-                    });
+                    // Checked with the others: they decide, and the waiter's place in line
+                    // stays the gate's.
+                    gate_copy = Some(copy);
+                    first = Some((
+                        gate,
+                        Ok(Attempt::Held {
+                            index,
+                            pttl,
+                            ticket,
+                        }),
+                    ));
+                    others_ask = Ask {
+                        queue: false,
+                        waits: Duration::ZERO,
+                        starving: false,
+                        ..ask
+                    };
                 }
                 Ok(reply) => first = reply,
                 // Not answering in time: ask the others now; its answer counts when it comes.
@@ -463,7 +485,7 @@ impl Quorum {
             }
         }
         for step in steps.into_iter().flatten() {
-            start(&mut parts, step);
+            start(&mut parts, step, others_ask);
         }
         drop(reply_tx);
         // How many nodes may fail or refuse while a quorum is still possible.
@@ -513,6 +535,9 @@ impl Quorum {
                 }) => {
                     if node == gate {
                         gate_ticket = ticket;
+                        if let Some(asked) = asked {
+                            gate_copy.get_or_insert(GateCopy::of(asked, pttl));
+                        }
                     } else {
                         other_ticket = other_ticket.or(ticket);
                     }
@@ -554,6 +579,9 @@ impl Quorum {
         parts.decided();
         let ticket = gate_ticket.or(other_ticket);
         if acquired {
+            if gated {
+                self.memory.granted(token);
+            }
             Ok(Attempt::Acquired { fences })
         } else if let Some(failures) = unraised {
             Err(failures)
@@ -562,7 +590,11 @@ impl Quorum {
         } else if let Some(mismatch) = mismatch {
             Ok(mismatch)
         } else if won > 0 {
-            self.mark_contended(&names[0]);
+            self.memory.mark_contended(&names[0]);
+            if ask.queue {
+                self.memory
+                    .refused(names, token, Some(Duration::ZERO), gate_copy);
+            }
             // A split vote: this attempt won some nodes, so no holder has them all; the other
             // contenders are withdrawing their grants as this one does. Nobody will publish a
             // release, so say "free any moment" and let the strategy retry after a short jittered
@@ -574,41 +606,17 @@ impl Quorum {
                 ticket,
             })
         } else {
-            self.mark_contended(&names[0]);
+            self.memory.mark_contended(&names[0]);
             let (index, pttl) = held.unwrap_or((0, None));
+            if ask.queue {
+                self.memory.refused(names, token, pttl, gate_copy);
+            }
             Ok(Attempt::Held {
                 index,
                 pttl,
                 ticket,
             })
         }
-    }
-
-    /// Whether this client found `name` held within the last [`CONTENDED_FOR`].
-    fn contended_recently(&self, name: &str) -> bool {
-        let contended = self
-            .contended
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        contended
-            .get(name)
-            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
-    }
-
-    fn mark_contended(&self, name: &Arc<str>) {
-        let mut contended = self
-            .contended
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if contended.len() >= CONTENDED_MAX && !contended.contains_key(&**name) {
-            // Bounded: forget what is old; if everything is recent, start over (the cost of
-            // forgetting is one split vote more, not a wrong answer).
-            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
-            if contended.len() >= CONTENDED_MAX {
-                contended.clear();
-            }
-        }
-        contended.insert(Arc::clone(name), Instant::now());
     }
 
     /// Writes the granted token back to the nodes' fence counters and returns once a majority of
