@@ -99,8 +99,11 @@ pub fn acquire_blocking(call: Call) -> Result<LockGuard, LockError> {
 /// Runs an async body inside the lock's reentrancy scope until it completes, or until the lock
 /// is lost or `max_hold` passes: then the body is dropped at its current `.await` and `None` is
 /// returned.
-pub async fn until_lost<F: Future>(guard: &LockGuard, body: F) -> Option<F::Output> {
-    guard.until_stopped(body).await
+pub fn until_lost<F: Future>(
+    guard: &LockGuard,
+    body: F,
+) -> impl Future<Output = Option<F::Output>> {
+    guard.until_stopped(body)
 }
 
 /// Runs a sync body inside the lock's reentrancy scope (of this thread).

@@ -1,5 +1,7 @@
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tracing::Instrument as _;
 
@@ -7,7 +9,8 @@ use crate::bridge;
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::hold::{self, Hold};
-use crate::scope;
+use crate::scope::{self, TaskScope};
+use crate::signal::Raised;
 
 /// Proof that this process holds a lock. The lock is renewed in the background while the guard
 /// lives, and released by [`release`](Self::release), [`release_blocking`](Self::release_blocking),
@@ -158,6 +161,52 @@ impl LockGuard {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// [`LockGuard::until_stopped`]: the body first, then whether the lock stopped. Only the body
+    /// is generic: what wraps it (the scope, the span, the signals) is compiled once, not for
+    /// every locked function.
+    pub(crate) struct UntilStopped<'a, F> {
+        #[pin]
+        body: F,
+        #[pin]
+        stopped: Raised<'a>,
+        // A joined hold's: the outer holder let go.
+        #[pin]
+        released: Option<Raised<'a>>,
+        scope: Option<TaskScope>,
+        span: Option<tracing::Span>,
+    }
+}
+
+impl<F: Future> Future for UntilStopped<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _in_span = this.span.as_ref().map(tracing::Span::enter);
+        let _in_scope = this.scope.as_mut().map(TaskScope::enter);
+        if let Poll::Ready(out) = this.body.poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        stopped(this.stopped, this.released, cx).map(|()| None)
+    }
+}
+
+/// Whether a body's lock stopped (lost, `max_hold`), or its outer holder let go.
+fn stopped(
+    stopped: Pin<&mut Raised<'_>>,
+    released: Pin<&mut Option<Raised<'_>>>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    if stopped.poll(cx).is_ready() {
+        return Poll::Ready(());
+    }
+    match released.as_pin_mut() {
+        Some(released) => released.poll(cx),
+        None => Poll::Pending,
+    }
+}
+
 impl LockGuard {
     /// A joined guard lets go without releasing: the outermost holder releases.
     fn joined_outcome(&self) -> Result<(), LockError> {
@@ -172,25 +221,23 @@ impl LockGuard {
 
     /// Runs an async body inside this lock's reentrancy scope until it completes, or until the
     /// lock is lost or `max_hold` passes (then `None`: the body is dropped at its `.await`).
-    pub(crate) async fn until_stopped<F: Future>(&self, body: F) -> Option<F::Output> {
-        let body = async {
-            tokio::select! {
-                biased;
-                out = body => Some(out),
-                () = self.hold.stopped() => None,
-            }
-        };
-        if self.joined {
-            // The outer holder's release ends this hold too.
-            tokio::select! {
-                biased;
-                out = body => out,
-                () = self.hold.released() => None,
-            }
+    pub(crate) fn until_stopped<F: Future>(&self, body: F) -> UntilStopped<'_, F> {
+        let (scope, span, released) = if self.joined {
+            // The outer holder's release ends this hold too; its scope and span are the body's.
+            (None, None, Some(self.hold.released()))
         } else {
-            scope::enter(self.engine.id(), &self.hold, body)
-                .instrument(self.hold.span.clone())
-                .await
+            (
+                Some(TaskScope::new(self.engine.id(), &self.hold)),
+                Some(self.hold.span.clone()),
+                None,
+            )
+        };
+        UntilStopped {
+            body,
+            stopped: self.hold.stopped(),
+            released,
+            scope,
+            span,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::atomic_instant::AtomicInstant;
 use crate::backend::{AtOnce, Backend, Mode, Names, Token};
 use crate::error::{LockError, NodeFailure};
 use crate::events::{self, Labels};
-use crate::signal::Signal;
+use crate::signal::{Raised, Signal};
 
 /// One granted lock (one key or several), shared by its guard and the renewal driver.
 #[derive(Debug)]
@@ -223,13 +223,13 @@ impl Hold {
     }
 
     /// Resolves once the holder must stop: lost, or `max_hold` passed.
-    pub(crate) async fn stopped(&self) {
-        self.stop.raised().await;
+    pub(crate) fn stopped(&self) -> Raised<'_> {
+        self.stop.raised()
     }
 
     /// Resolves once the holder let go.
-    pub(crate) async fn released(&self) {
-        self.released.raised().await;
+    pub(crate) fn released(&self) -> Raised<'_> {
+        self.released.raised()
     }
 
     pub(crate) fn is_released(&self) -> bool {

@@ -14,11 +14,11 @@ use crate::hold::Hold;
 #[derive(Clone, Default)]
 struct Scope(Vec<(usize, Arc<Hold>)>);
 
-tokio::task_local! {
-    static TASK: Scope;
-}
-
 thread_local! {
+    /// The scope of the async body being polled on this thread, if any: each locked body's
+    /// [`TaskScope`] is swapped in for its polls (as a tokio task local would be, but without a
+    /// future type per body).
+    static TASK: RefCell<Option<Scope>> = const { RefCell::new(None) };
     static THREAD: RefCell<Scope> = RefCell::new(Scope::default());
 }
 
@@ -57,21 +57,52 @@ impl Scope {
 
 /// What the current task's scope, then the current thread's, holds of `names` on `client`.
 pub(crate) fn find(client: usize, names: &[Arc<str>]) -> Held {
-    let in_task = TASK
-        .try_with(|scope| scope.find(client, names))
-        .unwrap_or(Held::Nothing);
+    let in_task = TASK.with_borrow(|scope| {
+        scope
+            .as_ref()
+            .map_or(Held::Nothing, |scope| scope.find(client, names))
+    });
     match in_task {
         Held::Nothing => THREAD.with_borrow(|scope| scope.find(client, names)),
         found => found,
     }
 }
 
-/// Runs an async body in a scope that also holds `hold`.
-pub(crate) async fn enter<F: Future>(client: usize, hold: &Arc<Hold>, body: F) -> F::Output {
-    let scope = TASK
-        .try_with(|scope| scope.with(client, hold))
-        .unwrap_or_else(|_| Scope::default().with(client, hold));
-    TASK.scope(scope, body).await
+/// The scope an async body runs in: the current task's (the body's whose poll makes it, if any)
+/// and `hold`. Made where the body's future is made, so a nested lock's scope extends the outer
+/// body's; a spawned task's polls happen outside any body's, so it inherits nothing.
+pub(crate) struct TaskScope(Option<Scope>);
+
+impl TaskScope {
+    pub(crate) fn new(client: usize, hold: &Arc<Hold>) -> TaskScope {
+        let scope = TASK.with_borrow(|scope| match scope {
+            Some(scope) => scope.with(client, hold),
+            None => Scope::default().with(client, hold),
+        });
+        TaskScope(Some(scope))
+    }
+
+    /// Makes this the current task's scope until the answer is dropped: for one poll of the body
+    /// (also when it panics).
+    #[inline]
+    pub(crate) fn enter(&mut self) -> Entered<'_> {
+        let outer = TASK.with_borrow_mut(|current| std::mem::replace(current, self.0.take()));
+        Entered { scope: self, outer }
+    }
+}
+
+/// [`TaskScope::enter`]: puts the outer scope back when dropped.
+pub(crate) struct Entered<'a> {
+    scope: &'a mut TaskScope,
+    outer: Option<Scope>,
+}
+
+impl Drop for Entered<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.scope.0 =
+            TASK.with_borrow_mut(|current| std::mem::replace(current, self.outer.take()));
+    }
 }
 
 /// Runs a sync body in a scope (of this thread) that also holds `hold`.

@@ -2,7 +2,9 @@
 //! `tokio_util` `CancellationToken` takes a mutex on every clone and every child, which showed in
 //! every acquire and release (two to four tokens per lock).
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use tokio::sync::Notify;
 
@@ -25,16 +27,39 @@ impl Signal {
     }
 
     /// Resolves once the flag is raised (at once if it is).
-    pub(crate) async fn raised(&self) {
+    pub(crate) fn raised(&self) -> Raised<'_> {
+        Raised {
+            signal: self,
+            notified: self.notify.notified(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Signal::raised`]: a future of a type of its own (not an `async fn`'s), so that futures
+    /// that hold one are written out and compiled once, not for every body they wrap.
+    #[derive(Debug)]
+    pub(crate) struct Raised<'a> {
+        signal: &'a Signal,
+        #[pin]
+        notified: tokio::sync::futures::Notified<'a>,
+    }
+}
+
+impl Future for Raised<'_> {
+    type Output = ();
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
         loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
             // Registered before the check, so a `raise` between the two still wakes it.
-            notified.as_mut().enable();
-            if self.is_raised() {
-                return;
+            this.notified.as_mut().enable();
+            if this.signal.is_raised() {
+                return Poll::Ready(());
             }
-            notified.await;
+            std::task::ready!(this.notified.as_mut().poll(cx));
+            this.notified.set(this.signal.notify.notified());
         }
     }
 }
