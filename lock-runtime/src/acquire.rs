@@ -559,7 +559,10 @@ pub(crate) async fn acquire(
                 // also a semaphore's line or a writer's marks): leaving it takes a release too
                 // (which also passes on a lock handed to it meanwhile).
                 unsure |= ticket.is_some();
-                if let Some(ticket) = ticket {
+                // An attempt that did not ask to queue (its wait over) is told its place too, but
+                // did not renew it: the place's lease runs on from the last attempt that did
+                // (the protocol model, `lock-model`, finds two holders otherwise).
+                if let Some(ticket) = ticket.filter(|_| ask.queue) {
                     place = Some(Place {
                         ticket,
                         renewed_at: attempt_start,
