@@ -13,6 +13,7 @@ use lock_tests::{
     RedisMasters, RedisServer, SCHEDULING_SLACK, bounded, callers_connection, callers_connections,
     unique_key, wait_until,
 };
+use tokio::runtime::Runtime;
 
 fn kill(server: &RedisServer, id: u64) {
     let killed: i64 = redis::cmd("CLIENT")
@@ -249,4 +250,120 @@ fn a_frozen_server_fails_a_call_over_a_runtimes_connection_in_time() {
         "{result:?}"
     );
     assert!(took <= bound, "answered in {took:?}, bound {bound:?}");
+}
+
+/// The runtime's own connection to `server`, once it carries its calls: calls are made on
+/// `runtime` until the newest connection made since this was called (the shared connection, when
+/// made now too, was made first) ran one of their scripts.
+fn own_connection(server: &RedisServer, client: &LockClient, runtime: &Runtime) -> u64 {
+    let before = server.client_ids().into_iter().max().unwrap_or(0);
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        runtime.block_on(lock_tests::warm_up(client));
+        let own = server
+            .clients()
+            .into_iter()
+            .filter(|(id, _)| *id > before)
+            .max();
+        if let Some((id, cmd)) = own
+            && cmd.starts_with("eval")
+        {
+            return id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runtime's own connection carries its calls: not so after {SETTLE:?}"
+        );
+    }
+}
+
+/// Rounds of the race below.
+const ORPHAN_ROUNDS: usize = 50;
+
+/// An acquire sent over a runtime's own connection, and that runtime shut down before the server
+/// answered (here: frozen, with the acquire's bytes in its socket): the call's cleanup releases
+/// the lock over the shared connection, and must not run before the acquire does. The server
+/// reads its connections in the order they became readable, so the cleanup could only overtake
+/// the acquire when the shared connection was readable first: another call's request on it
+/// (here an `inspect` from a sync caller) came before the acquire.
+///
+/// Each round proves that the acquire's bytes reached the server before the runtime shut down,
+/// that the cleanup's release reached it before it resumed, and that the acquire ran once it
+/// did (its `SET` count grows); then the lock is gone within the bound below, not held for its
+/// 30 s ttl.
+#[test]
+fn a_cleanup_of_a_call_whose_runtime_shut_down_does_not_overtake_its_acquire() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let client = LockClient::new(
+        LockConfig::single(server.url())
+            .connect_timeout(timeout)
+            .response_timeout(timeout),
+    )
+    .unwrap();
+    let request = timeout * 2;
+    // A release that timed out while the server was frozen is sent again after at most the
+    // cleanup's longest pause (1 s); the release answered after the resume is followed by one
+    // more (one request).
+    let bound = request + Duration::from_secs(1) + request + SCHEDULING_SLACK;
+    let ttl = Duration::from_secs(30);
+    for round in 0..ORPHAN_ROUNDS {
+        let key = unique_key("callers:orphaned");
+        let runtime = multi_thread();
+        let own = own_connection(&server, &client, &runtime);
+        let own_port = server.client_port(own).unwrap();
+        let shared_port = server
+            .client_ids()
+            .into_iter()
+            .min()
+            .and_then(|shared| server.client_port(shared))
+            .unwrap();
+        let sets = server.command_calls("set");
+        server.freeze();
+        let bystander = {
+            let (client, key) = (client.clone(), key.clone());
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(client.inspect(&format!("{key}:other")))
+                    .map(drop)
+            })
+        };
+        wait_until(SETTLE, "the other call reached the server", || {
+            server.unread_from(shared_port) > 0
+        });
+        let other_call = server.unread_from(shared_port);
+        {
+            let (client, key) = (client.clone(), key.clone());
+            runtime.spawn(async move {
+                client
+                    .lock(&key)
+                    .ttl(ttl)
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+            });
+        }
+        wait_until(SETTLE, "the acquire reached the server", || {
+            server.unread_from(own_port) > 0
+        });
+        drop(runtime);
+        wait_until(SETTLE, "the cleanup reached the server", || {
+            server.unread_from(shared_port) > other_call
+        });
+        server.thaw();
+        wait_until(SETTLE, "the acquire ran", || {
+            server.command_calls("set") > sets
+        });
+        let lock = lock_tests::lock_keys(&key).lock;
+        wait_until(
+            bound,
+            &format!("round {round}: the lock is released"),
+            || !lock_tests::key_exists(&server, &lock),
+        );
+        // Answered or timed out: either way within one request.
+        let _ = bystander.join().unwrap();
+    }
 }
