@@ -233,3 +233,48 @@ fn kill_two_leaders(urls: &str, data: &RedisServer) -> Vec<Duration> {
     }
     hand_overs
 }
+
+/// A campaigner waiting in a process that calls `shutdown()` and exits at once (the
+/// `queued_worker` child, which says `queued` once its campaign has a place in the election's
+/// line): `shutdown()` stops the campaign and takes the place back. The leader's resignation
+/// then hands the election to nobody: `leader()` says `None` right after it, not the exited
+/// campaigner (whom a hand-off to its place would make the leader for the place's lease, 3 s),
+/// and a new campaign is elected within one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaigner_that_shut_down_is_never_reported_leader() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let name = unique_key("election:shut-down");
+    let election = client.election(&name);
+    let leadership = election.campaign().await.unwrap();
+    let url = server.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_queued_worker"),
+        &[url.as_str(), &name, "campaign"],
+    );
+    let report = tokio::task::block_in_place(|| {
+        assert_eq!(worker.next_line(STARTUP), "queued");
+        let report = worker.next_line(STARTUP);
+        worker
+            .finish(Duration::from_secs(5))
+            .assert_success("queued_worker");
+        report
+    });
+    assert!(
+        report.ends_with("waiter=stopped"),
+        "shutdown() stops the campaign: {report}"
+    );
+    leadership.resign().await.unwrap();
+    let leader = election.leader().await.unwrap();
+    assert_eq!(leader, None, "the exited campaigner reported as the leader");
+    bounded(
+        REQUEST + SCHEDULING_SLACK,
+        "a new campaign",
+        election.campaign(),
+    )
+    .await
+    .unwrap()
+    .resign()
+    .await
+    .unwrap();
+}
