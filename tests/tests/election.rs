@@ -278,3 +278,64 @@ async fn a_campaigner_that_shut_down_is_never_reported_leader() {
     .await
     .unwrap();
 }
+
+/// The lease of the place in line of a waiter that queued when it starved (a campaign always
+/// does): `Herd::STARVING_LEASE` in `acquire.rs`, renewed at least three times per lease.
+const PLACE_LEASE: Duration = Duration::from_secs(3);
+
+/// A campaigner SIGKILLed while it waits with a place in the election's line: nothing takes
+/// the place back, and the leader's resignation right after the kill hands the election to it,
+/// so `leader()` names the dead campaigner (checked: the cause happened). It does so no longer
+/// than the place's lease after the kill (the place was renewed before it) plus one request and
+/// slack: then nobody leads, and a new campaign is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_campaigner_is_reported_leader_no_longer_than_its_places_lease() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let name = unique_key("election:killed-in-line");
+    let election = client.election(&name);
+    let leadership = election.campaign().await.unwrap();
+    let url = server.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_queued_worker"),
+        &[url.as_str(), &name, "campaign", "stay"],
+    );
+    let pid = worker.pid();
+    tokio::task::block_in_place(|| {
+        assert_eq!(worker.next_line(STARTUP), "queued");
+        worker.kill();
+    });
+    let killed = std::time::Instant::now();
+    leadership.resign().await.unwrap();
+    let named =
+        |leader: &Option<lock_runtime::Owner>| leader.as_ref().is_some_and(|o| o.pid == pid);
+    let first = election.leader().await.unwrap();
+    assert!(
+        named(&first),
+        "the hand-off named the killed campaigner: {first:?}"
+    );
+    let bound = PLACE_LEASE + REQUEST + SCHEDULING_SLACK;
+    loop {
+        let leader = election.leader().await.unwrap();
+        if !named(&leader) {
+            assert_eq!(leader, None, "nobody else campaigns");
+            break;
+        }
+        assert!(
+            killed.elapsed() <= bound,
+            "the killed campaigner still named leader {:?} after the kill (bound {bound:?})",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bounded(
+        REQUEST + SCHEDULING_SLACK,
+        "a new campaign",
+        election.campaign(),
+    )
+    .await
+    .unwrap()
+    .resign()
+    .await
+    .unwrap();
+}

@@ -1,13 +1,14 @@
 //! Test helper for `tests/shutdown.rs` and `tests/election.rs`: a waiter with a place in a
 //! lock's queue, in a process that calls `lock_runtime::shutdown()` and exits.
 //!
-//! Usage: `queued_worker <redis-url> <key> <fair|default|campaign>`. Through the process-wide
+//! Usage: `queued_worker <redis-url> <key> <fair|default|campaign> [stay]`. Through the process-wide
 //! client (`init`, ttl 30 s), waits for `key` (held by someone else) on a thread of its own:
 //! a fair lock, a default lock (which queues once it starves), or a campaign for the election
 //! `key`, each waiting up to a minute. Once `inspect` counts a waiter in the key's queue it
 //! prints `queued`, calls `shutdown()`, and prints `shutdown took=<ms> waiter=<outcome>` (how
 //! long `shutdown()` blocked; `stopped` when the waiter had answered `Runtime` by its return,
-//! else `waiting` or what it answered) and exits with 0 at once, running no destructor.
+//! else `waiting` or what it answered) and exits with 0 at once, running no destructor. With
+//! `stay` it prints `queued` and waits on (for a SIGKILL) instead.
 //! Exits with 2 on bad arguments, 3 when it never queues.
 
 use std::io::Write as _;
@@ -28,9 +29,13 @@ fn say(line: &str) {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, key, kind] = args.as_slice() else {
-        eprintln!("usage: queued_worker <redis-url> <key> <fair|default|campaign>");
-        return ExitCode::from(2);
+    let (url, key, kind, stay) = match args.as_slice() {
+        [url, key, kind] => (url, key, kind, false),
+        [url, key, kind, stay] if stay == "stay" => (url, key, kind, true),
+        _ => {
+            eprintln!("usage: queued_worker <redis-url> <key> <fair|default|campaign> [stay]");
+            return ExitCode::from(2);
+        }
     };
     let config = LockConfig::single(url.as_str()).default_ttl(Duration::from_secs(30));
     if let Err(err) = lock_runtime::init(config) {
@@ -83,6 +88,11 @@ fn main() -> ExitCode {
         std::thread::sleep(Duration::from_millis(2));
     }
     say("queued");
+    if stay {
+        // The waiter's answer, if it ever comes, ends the wait; a SIGKILL comes first.
+        let _ = answered.recv();
+        return ExitCode::from(3);
+    }
     let started = Instant::now();
     lock_runtime::shutdown();
     let took = started.elapsed();
