@@ -3,7 +3,7 @@
 //! on the runtime that hosts the client.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,13 @@ pub(crate) struct Engine {
     wakers: Arc<WakeRegistry>,
     /// Every lock granted and not yet let go, for `shutdown`.
     held: Mutex<HashMap<u64, Arc<Hold>>>,
+    /// The acquisitions under way, by number: `shutdown` raises their signals (they stop
+    /// waiting, and leave their places in line) and waits for them.
+    acquiring: Mutex<HashMap<u64, Arc<Signal>>>,
+    /// Numbers [`acquiring`](Self::acquiring)'s entries.
+    acquisitions: AtomicU64,
+    /// One token per acquisition under way: `shutdown` waits for them.
+    acquiring_tasks: TaskTracker,
     /// Releases and cleanups running in the background.
     background: TaskTracker,
     shut_down: AtomicBool,
@@ -79,6 +86,9 @@ impl Engine {
             renewer,
             wakers,
             held: Mutex::new(HashMap::new()),
+            acquiring: Mutex::new(HashMap::new()),
+            acquisitions: AtomicU64::new(0),
+            acquiring_tasks: TaskTracker::new(),
             background: TaskTracker::new(),
             shut_down: AtomicBool::new(false),
         }))
@@ -163,11 +173,23 @@ impl Engine {
 
     /// Acquires on the hosting runtime. When `caller_gone` is raised, waiting stops; a grant
     /// that nobody takes any more is released by the caller's side (the guard's drop).
+    /// `shutdown` raises it too: then the call answers that the client was shut down.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         req: Request,
         caller_gone: Arc<Signal>,
     ) -> Result<Arc<Hold>, LockError> {
+        let _under_way = self.acquiring_tasks.token();
+        let number = self.acquisitions.fetch_add(1, Ordering::Relaxed);
+        self.acquiring().insert(number, Arc::clone(&caller_gone));
+        let _registered = Unregister {
+            engine: self,
+            number,
+        };
+        if self.shut_down.load(Ordering::Acquire) {
+            // Shut down after the request was made, before `shutdown` could see this one.
+            caller_gone.raise();
+        }
         let mut strategy = NotifyOrBackoff::new(
             &self.backend,
             &self.wakers,
@@ -188,7 +210,20 @@ impl Engine {
         if let Some(token) = ended.unsure {
             self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
         }
-        self.hold(req, ended.result?)
+        match ended.result {
+            Ok(granted) => self.hold(req, granted),
+            // Stopped by `shutdown`, the caller still waiting.
+            Err(LockError::Runtime { .. }) if self.shut_down.load(Ordering::Acquire) => {
+                Err(shut_down())
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn acquiring(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Signal>>> {
+        self.acquiring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Acquires in place, with no runtime hop and no task, when the backend answers at once (in
@@ -313,12 +348,19 @@ impl Engine {
     }
 
     /// Releases every lock still held (their holders see them lost; one whose `min_hold` has not
-    /// passed is left for the rest of it), refuses new ones, and waits up to one request timeout
-    /// for the acquisitions whose callers went away (a grant that lands is given back) and the
-    /// releases still running. Locks let go before their `min_hold` passed are no longer
+    /// passed is left for the rest of it), refuses new ones, stops the acquisitions under way
+    /// (their calls answer that the client was shut down, and a waiter leaves its place in a
+    /// queue, which would otherwise be handed the lock at the next release and keep it for the
+    /// place's lease after the process exited), and waits up to one request timeout for them,
+    /// for the acquisitions whose callers went away (a grant that lands is given back) and for
+    /// the releases still running. Locks let go before their `min_hold` passed are no longer
     /// held: they are left alone, and expire by themselves.
     pub(crate) async fn shutdown(self: Arc<Self>) {
         self.shut_down.store(true, Ordering::Release);
+        let acquiring: Vec<Arc<Signal>> = self.acquiring().drain().map(|(_, s)| s).collect();
+        for stop in acquiring {
+            stop.raise();
+        }
         let held: Vec<Arc<Hold>> = self.held().drain().map(|(_, hold)| hold).collect();
         for hold in held {
             hold.shut_down();
@@ -341,13 +383,29 @@ impl Engine {
             .connect_timeout
             .saturating_add(self.settings.response_timeout);
         let settled = async {
-            // First the calls whose callers went away: their grants and cleanups start releases.
+            // First the acquisitions, and the calls whose callers went away: their grants and
+            // cleanups start releases.
+            self.acquiring_tasks.close();
+            self.acquiring_tasks.wait().await;
             bridge::left_behind().await;
             self.background.wait().await;
             self.backend.settled().await;
         };
         let _ = tokio::time::timeout(bound, settled).await;
+        self.acquiring_tasks.reopen();
         self.background.reopen();
+    }
+}
+
+/// Takes an acquisition off [`Engine::acquiring`] when it ends.
+struct Unregister<'a> {
+    engine: &'a Engine,
+    number: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.engine.acquiring().remove(&self.number);
     }
 }
 

@@ -33,6 +33,8 @@ pub fn init(config: LockConfig) -> Result<(), LockError> {
 /// by dropped guards. Call it at the end of `main`, after the work that takes locks: a release
 /// started just before the process exits is otherwise lost, and the lock stays taken until its
 /// TTL runs out. Locks still held by running code are released, so that code sees them lost;
+/// acquisitions still waiting stop (they answer [`LockError::Runtime`]) and leave their places
+/// in line, which the next release would otherwise hand the lock to after the process exited;
 /// lock calls made afterwards fail with [`LockError::Runtime`]. Does nothing before [`init`].
 /// Blocks the calling thread.
 pub fn shutdown() {

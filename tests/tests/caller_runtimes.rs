@@ -13,6 +13,7 @@ use lock_tests::{
     RedisMasters, RedisServer, SCHEDULING_SLACK, bounded, callers_connection, callers_connections,
     unique_key, wait_until,
 };
+use tokio::runtime::Runtime;
 
 fn kill(server: &RedisServer, id: u64) {
     let killed: i64 = redis::cmd("CLIENT")
@@ -249,4 +250,191 @@ fn a_frozen_server_fails_a_call_over_a_runtimes_connection_in_time() {
         "{result:?}"
     );
     assert!(took <= bound, "answered in {took:?}, bound {bound:?}");
+}
+
+/// The runtime's own connection to each of `servers`, once it carries its calls: calls are made
+/// on `runtime` until, on every server, the newest connection made since this was called (the
+/// shared connection, when made now too, was made first) ran one of their scripts.
+fn own_connections(servers: &[&RedisServer], client: &LockClient, runtime: &Runtime) -> Vec<u64> {
+    let before: Vec<u64> = servers
+        .iter()
+        .map(|s| s.client_ids().into_iter().max().unwrap_or(0))
+        .collect();
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        runtime.block_on(lock_tests::warm_up(client));
+        let own: Vec<Option<u64>> = servers
+            .iter()
+            .zip(&before)
+            .map(|(server, before)| {
+                let newest = server
+                    .clients()
+                    .into_iter()
+                    .filter(|(id, _)| id > before)
+                    .max()?;
+                newest.1.starts_with("eval").then_some(newest.0)
+            })
+            .collect();
+        if own.iter().all(Option::is_some) {
+            return own.into_iter().flatten().collect();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runtime's own connections carry its calls: not so after {SETTLE:?}"
+        );
+    }
+}
+
+/// Each server's shared connection (its oldest): the port it connected from.
+fn shared_ports(servers: &[&RedisServer]) -> Vec<u16> {
+    servers
+        .iter()
+        .map(|server| {
+            server
+                .client_ids()
+                .into_iter()
+                .min()
+                .and_then(|shared| server.client_port(shared))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Rounds of the race below.
+const ORPHAN_ROUNDS: usize = 50;
+/// Under Redlock a round costs three servers' worth: fewer, so the test stays short.
+const REDLOCK_ORPHAN_ROUNDS: usize = 20;
+
+/// An acquire sent over a runtime's own connections, and that runtime shut down before the
+/// servers answered (here: frozen, with the acquire's bytes in their sockets): the call's cleanup
+/// releases the lock over the shared connections, and must not run before the acquire does. A
+/// server reads its connections in the order they became readable, so the cleanup could only
+/// overtake the acquire where the shared connection was readable first: another call's request
+/// on it (here an `inspect` from a sync caller) came before the acquire.
+///
+/// Each round proves that the acquire's bytes reached every server before the runtime shut down,
+/// that the cleanup's release reached it before it resumed, and that the acquire ran once it did
+/// (its `SET` count grows); then the lock is gone within the bound below (from the server; under
+/// Redlock from a majority), not held for its 30 s ttl.
+fn cleanup_after_the_runtime_shut_down(
+    servers: &[&RedisServer],
+    config: LockConfig,
+    rounds: usize,
+) {
+    let timeout = Duration::from_millis(300);
+    let client =
+        LockClient::new(config.connect_timeout(timeout).response_timeout(timeout)).unwrap();
+    let request = timeout * 2;
+    // A release that timed out while the servers were frozen is sent again after at most the
+    // cleanup's longest pause (1 s); the release answered after the resume is followed by one
+    // more (one request).
+    let bound = request + Duration::from_secs(1) + request + SCHEDULING_SLACK;
+    let ttl = Duration::from_secs(30);
+    let unread = |ports: &[u16]| -> Vec<u64> {
+        servers
+            .iter()
+            .zip(ports)
+            .map(|(server, port)| server.unread_from(*port))
+            .collect()
+    };
+    for round in 0..rounds {
+        let key = unique_key("callers:orphaned");
+        let runtime = multi_thread();
+        let own = own_connections(servers, &client, &runtime);
+        let own_ports: Vec<u16> = servers
+            .iter()
+            .zip(&own)
+            .map(|(server, id)| server.client_port(*id).unwrap())
+            .collect();
+        let shared_ports = shared_ports(servers);
+        let sets: Vec<u64> = servers.iter().map(|s| s.command_calls("set")).collect();
+        for server in servers {
+            server.freeze();
+        }
+        let bystander = {
+            let (client, key) = (client.clone(), key.clone());
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(client.inspect(&format!("{key}:other")))
+                    .map(drop)
+            })
+        };
+        wait_until(SETTLE, "the other call reached every server", || {
+            unread(&shared_ports).iter().all(|n| *n > 0)
+        });
+        let other_call = unread(&shared_ports);
+        {
+            let (client, key) = (client.clone(), key.clone());
+            runtime.spawn(async move {
+                client
+                    .lock(&key)
+                    .ttl(ttl)
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+            });
+        }
+        wait_until(SETTLE, "the acquire reached every server", || {
+            unread(&own_ports).iter().all(|n| *n > 0)
+        });
+        drop(runtime);
+        wait_until(SETTLE, "the cleanup reached every server", || {
+            unread(&shared_ports)
+                .iter()
+                .zip(&other_call)
+                .all(|(now, before)| now > before)
+        });
+        for server in servers {
+            server.thaw();
+        }
+        wait_until(SETTLE, "the acquire ran on every server", || {
+            servers
+                .iter()
+                .zip(&sets)
+                .all(|(server, before)| server.command_calls("set") > *before)
+        });
+        let lock = lock_tests::lock_keys(&key).lock;
+        // Under Redlock a node whose release timed out while frozen is not asked again once a
+        // majority answered: its grant, a minority, expires by its ttl and keeps no one out.
+        let minority = servers.len().div_ceil(2) - 1;
+        wait_until(
+            bound,
+            &format!("round {round}: the lock is released"),
+            || {
+                servers
+                    .iter()
+                    .filter(|server| lock_tests::key_exists(server, &lock))
+                    .count()
+                    <= minority
+            },
+        );
+        // Answered or timed out: either way within one request.
+        let _ = bystander.join().unwrap();
+    }
+}
+
+#[test]
+fn a_cleanup_of_a_call_whose_runtime_shut_down_does_not_overtake_its_acquire() {
+    let server = RedisServer::start();
+    cleanup_after_the_runtime_shut_down(
+        &[&server],
+        LockConfig::single(server.url()),
+        ORPHAN_ROUNDS,
+    );
+}
+
+/// The same under Redlock: each node's withdrawal and the cleanup's release go over its shared
+/// connection.
+#[test]
+fn a_redlock_cleanup_of_a_call_whose_runtime_shut_down_does_not_overtake_its_acquire() {
+    let masters = RedisMasters::start(3);
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    cleanup_after_the_runtime_shut_down(
+        &nodes,
+        LockConfig::redlock(masters.urls()),
+        REDLOCK_ORPHAN_ROUNDS,
+    );
 }

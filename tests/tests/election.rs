@@ -323,3 +323,109 @@ async fn a_campaign_is_not_held_up_by_a_stale_copy_on_the_gate() {
     );
     elected.resign().await.unwrap();
 }
+
+/// A campaigner waiting in a process that calls `shutdown()` and exits at once (the
+/// `queued_worker` child, which says `queued` once its campaign has a place in the election's
+/// line): `shutdown()` stops the campaign and takes the place back. The leader's resignation
+/// then hands the election to nobody: `leader()` says `None` right after it, not the exited
+/// campaigner (whom a hand-off to its place would make the leader for the place's lease, 3 s),
+/// and a new campaign is elected within one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaigner_that_shut_down_is_never_reported_leader() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let name = unique_key("election:shut-down");
+    let election = client.election(&name);
+    let leadership = election.campaign().await.unwrap();
+    let url = server.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_queued_worker"),
+        &[url.as_str(), &name, "campaign"],
+    );
+    let report = tokio::task::block_in_place(|| {
+        assert_eq!(worker.next_line(STARTUP), "queued");
+        let report = worker.next_line(STARTUP);
+        worker
+            .finish(Duration::from_secs(5))
+            .assert_success("queued_worker");
+        report
+    });
+    assert!(
+        report.ends_with("waiter=stopped"),
+        "shutdown() stops the campaign: {report}"
+    );
+    leadership.resign().await.unwrap();
+    let leader = election.leader().await.unwrap();
+    assert_eq!(leader, None, "the exited campaigner reported as the leader");
+    bounded(
+        REQUEST + SCHEDULING_SLACK,
+        "a new campaign",
+        election.campaign(),
+    )
+    .await
+    .unwrap()
+    .resign()
+    .await
+    .unwrap();
+}
+
+/// The lease of the place in line of a waiter that queued when it starved (a campaign always
+/// does): `Herd::STARVING_LEASE` in `acquire.rs`, renewed at least three times per lease.
+const PLACE_LEASE: Duration = Duration::from_secs(3);
+
+/// A campaigner SIGKILLed while it waits with a place in the election's line: nothing takes
+/// the place back, and the leader's resignation right after the kill hands the election to it,
+/// so `leader()` names the dead campaigner (checked: the cause happened). It does so no longer
+/// than the place's lease after the kill (the place was renewed before it) plus one request and
+/// slack: then nobody leads, and a new campaign is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_campaigner_is_reported_leader_no_longer_than_its_places_lease() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let name = unique_key("election:killed-in-line");
+    let election = client.election(&name);
+    let leadership = election.campaign().await.unwrap();
+    let url = server.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_queued_worker"),
+        &[url.as_str(), &name, "campaign", "stay"],
+    );
+    let pid = worker.pid();
+    tokio::task::block_in_place(|| {
+        assert_eq!(worker.next_line(STARTUP), "queued");
+        worker.kill();
+    });
+    let killed = std::time::Instant::now();
+    leadership.resign().await.unwrap();
+    let named =
+        |leader: &Option<lock_runtime::Owner>| leader.as_ref().is_some_and(|o| o.pid == pid);
+    let first = election.leader().await.unwrap();
+    assert!(
+        named(&first),
+        "the hand-off named the killed campaigner: {first:?}"
+    );
+    let bound = PLACE_LEASE + REQUEST + SCHEDULING_SLACK;
+    loop {
+        let leader = election.leader().await.unwrap();
+        if !named(&leader) {
+            assert_eq!(leader, None, "nobody else campaigns");
+            break;
+        }
+        assert!(
+            killed.elapsed() <= bound,
+            "the killed campaigner still named leader {:?} after the kill (bound {bound:?})",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bounded(
+        REQUEST + SCHEDULING_SLACK,
+        "a new campaign",
+        election.campaign(),
+    )
+    .await
+    .unwrap()
+    .resign()
+    .await
+    .unwrap();
+}

@@ -111,3 +111,66 @@ async fn shutdown_cancels_a_running_body_with_lost() {
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     stop.await.unwrap();
 }
+
+/// A waiter with a place in a lock's queue, in a process that calls `shutdown()` and exits at
+/// once (the `queued_worker` child, which says `queued` once `inspect` counts it in the queue):
+/// `shutdown()` stops it (it answers `Runtime`) and takes its place back, within its bound (one
+/// request timeout + slack). Nothing is queued once the process exited, and when the holder
+/// releases, a newcomer that does not wait gets the lock, instead of the release handing it to
+/// the dead place, which would keep it for the place's lease (a fair waiter's: its 30 s ttl; a
+/// default lock's waiter that queued when it starved: 3 s).
+async fn shutdown_takes_back_a_place_in_line(kind: &str, fair: bool) {
+    let server = RedisServer::start();
+    let locks = client(LockConfig::single(server.url()));
+    let key = unique_key(&format!("life:shutdown-queued-{kind}"));
+    let guard = locks.lock(&key).fair(fair).acquire().await.unwrap();
+    let url = server.url();
+    let mut worker = Worker::spawn(
+        env!("CARGO_BIN_EXE_queued_worker"),
+        &[url.as_str(), &key, kind],
+    );
+    let bound = REQUEST_TIMEOUT + SCHEDULING_SLACK;
+    let report = tokio::task::block_in_place(|| {
+        assert_eq!(worker.next_line(Duration::from_secs(20)), "queued");
+        let report = worker.next_line(bound + Duration::from_secs(5));
+        worker
+            .finish(Duration::from_secs(5))
+            .assert_success("queued_worker");
+        report
+    });
+    let took: u64 = report
+        .strip_prefix("shutdown took=")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("queued_worker said {report:?}"));
+    assert!(
+        Duration::from_millis(took) <= bound,
+        "shutdown() blocked {took} ms (bound {bound:?})"
+    );
+    assert!(
+        report.ends_with("waiter=stopped"),
+        "shutdown() stops the waiter: {report}"
+    );
+    assert_eq!(
+        lock_tests::queued(&locks, &key).await,
+        0,
+        "the exited waiter's place is left in line"
+    );
+    guard.release().await.unwrap();
+    let next = locks.lock(&key).fair(fair).acquire().await;
+    assert!(
+        next.is_ok(),
+        "the lock went to the exited waiter's place: {:?}",
+        next.map(drop)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_takes_back_a_fair_waiters_place() {
+    shutdown_takes_back_a_place_in_line("fair", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_takes_back_a_starving_waiters_place() {
+    shutdown_takes_back_a_place_in_line("default", false).await;
+}

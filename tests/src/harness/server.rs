@@ -184,6 +184,42 @@ impl RedisServer {
             .collect()
     }
 
+    /// The port a client connected from (`addr=` in `CLIENT LIST`), by its id.
+    pub fn client_port(&self, id: u64) -> Option<u16> {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("ID")
+            .arg(id)
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("CLIENT LIST on port {} failed: {e}", self.port));
+        list.split(' ')
+            .find_map(|f| f.strip_prefix("addr="))?
+            .rsplit_once(':')?
+            .1
+            .parse()
+            .ok()
+    }
+
+    /// How many bytes the server has not read yet from the client connected from `peer_port`
+    /// (the receive queue of its socket, as `/proc/net/tcp` says): asked of the kernel, so it
+    /// answers while the server is frozen. 0 when there is no such connection.
+    pub fn unread_from(&self, peer_port: u16) -> u64 {
+        let table = fs::read_to_string("/proc/net/tcp").unwrap();
+        table
+            .lines()
+            .skip(1)
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = |addr: &str| u16::from_str_radix(addr.rsplit_once(':')?.1, 16).ok();
+                let here = port(fields.get(1)?)?;
+                let there = port(fields.get(2)?)?;
+                (here == self.port && there == peer_port)
+                    .then(|| u64::from_str_radix(fields.get(4)?.rsplit_once(':')?.1, 16).ok())
+                    .flatten()
+            })
+            .unwrap_or(0)
+    }
+
     /// `KEYS pattern` as admin, sorted.
     pub fn keys(&self, pattern: &str) -> Vec<String> {
         let mut keys: Vec<String> = redis::cmd("KEYS")

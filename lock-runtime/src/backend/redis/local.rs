@@ -6,7 +6,12 @@
 //!
 //! - A connection is dropped when its runtime shuts down (its task there ends with it); a
 //!   request still on it fails as over a broken connection, and the call's cleanup then goes
-//!   over the node's shared connection.
+//!   over the node's shared connection ([`Via::SharedAfterOwn`]). The server may not have run
+//!   the requests it had already read from the closed one: it reads its connections in the
+//!   order they became readable, so a release on a shared connection that was readable first
+//!   (another call's request ahead of it) runs before them. A release answered comes after the
+//!   server's round of reads that ran them, so such a cleanup releases once more when its first
+//!   release let nothing go (see `RedisNode::release`).
 //! - A connection that breaks reconnects as the shared one does (`ConnectionManager`); the new
 //!   one is then driven by the library's runtime, where the reconnect runs.
 //! - The node's shared connection is made first: renewals and background releases go over it,
@@ -27,6 +32,17 @@ pub(super) struct Locals {
     /// Bound on making one, and the pause before trying again after a failure.
     connect_timeout: Duration,
     conns: Mutex<Vec<Local>>,
+}
+
+/// The connection a call's request goes over (see [`Locals::for_call`]).
+pub(super) enum Via {
+    /// Its caller's own.
+    Own(ConnectionManager),
+    /// The shared one.
+    Shared,
+    /// The shared one, after the call's earlier requests went over its caller's connection,
+    /// which closed with the caller's runtime: the server may run those later.
+    SharedAfterOwn,
 }
 
 /// One runtime's connection: empty until made.
@@ -50,14 +66,14 @@ impl Locals {
     }
 
     /// The connection `route`'s call goes over to this node: its caller's, when made before the
-    /// call's first request to this node (the call then keeps it), else `None` (the shared one).
-    /// Starts making the caller's connection when it has none, once `shared_made` says the shared
-    /// one is.
+    /// call's first request to this node (the call then keeps it), else the shared one. Starts
+    /// making the caller's connection when it has none, once `shared_made` says the shared one
+    /// is.
     pub(super) fn for_call(
         self: &Arc<Self>,
         route: &Route,
         shared_made: impl FnOnce() -> bool,
-    ) -> Option<ConnectionManager> {
+    ) -> Via {
         let mut got = None;
         // This node's connections, as told apart from other nodes'.
         let node = Arc::as_ptr(self) as usize;
@@ -66,10 +82,13 @@ impl Locals {
             got.is_some()
         });
         if !local {
-            return None;
+            return Via::Shared;
         }
         // Decided by an earlier request of the call; gone only if its runtime shut down since.
-        got.or_else(|| self.get(route.caller()))
+        match got.or_else(|| self.get(route.caller())) {
+            Some(conn) => Via::Own(conn),
+            None => Via::SharedAfterOwn,
+        }
     }
 
     /// `caller`'s connection, if made; starts making it otherwise.

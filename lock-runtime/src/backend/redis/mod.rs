@@ -16,6 +16,8 @@ use std::time::Duration;
 use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use local::Via;
+
 use super::wait_pool::WaitPool;
 use super::{
     Ask, Attempt, BoxFuture, ExtendItem, ExtendOutcome, Mode, Node, NodeHold, Subscription, Token,
@@ -121,33 +123,43 @@ impl RedisNode {
     /// The connection a request goes over: the caller's own when its call has one (see
     /// [`local`]), else the shared one.
     fn conn(&self) -> Conn<'_> {
-        if let Some(locals) = &self.locals
-            && let Some(route) = crate::callers::current()
-            && let Some(conn) = locals.for_call(&route, || self.shared_made.load(Ordering::Relaxed))
-        {
-            return Conn::Local(conn);
+        let via = match (&self.locals, crate::callers::current()) {
+            (Some(locals), Some(route)) => {
+                locals.for_call(&route, || self.shared_made.load(Ordering::Relaxed))
+            }
+            _ => Via::Shared,
+        };
+        match via {
+            Via::Own(conn) => Conn::Local(conn),
+            Via::Shared => Conn::Shared(self, false),
+            Via::SharedAfterOwn => Conn::Shared(self, true),
         }
-        Conn::Shared(self)
     }
 }
 
-/// Where a request goes: see [`RedisNode::conn`].
+/// Where a request goes: see [`RedisNode::conn`]. `Shared(_, true)`: after the call's earlier
+/// requests went over its runtime's connection, closed since ([`Via::SharedAfterOwn`]).
 enum Conn<'a> {
-    Shared(&'a RedisNode),
+    Shared(&'a RedisNode, bool),
     Local(ConnectionManager),
 }
 
 impl Conn<'_> {
     fn get(&self) -> &ConnectionManager {
         match self {
-            Conn::Shared(node) => &node.conn,
+            Conn::Shared(node, _) => &node.conn,
             Conn::Local(conn) => conn,
         }
     }
 
+    /// Whether requests of the call may still be on their way over a connection that closed.
+    fn after_closed(&self) -> bool {
+        matches!(self, Conn::Shared(_, true))
+    }
+
     /// Notes an answer over the shared connection: it is made.
     fn answered<T, E>(&self, result: &Result<T, E>) {
-        if let Conn::Shared(node) = self
+        if let Conn::Shared(node, _) = self
             && result.is_ok()
         {
             node.shared_made.store(true, Ordering::Relaxed);
@@ -211,6 +223,15 @@ impl Node for RedisNode {
                 .release(conn.get(), names, token, mode, wake)
                 .await;
             conn.answered(&released);
+            if conn.after_closed() && matches!(released, Ok(false)) {
+                // The server may have run it before the call's requests on the closed connection
+                // (see `local`), in the round of reads that ran them: answered, that round is
+                // over, and a release now comes after them.
+                return self
+                    .calls
+                    .release(conn.get(), names, token, mode, wake)
+                    .await;
+            }
             released
         })
     }
