@@ -2,7 +2,7 @@
 //! lock server where clients can be pointed at one, `campaign_worker` processes, the nemesis over
 //! the faults that topology allows, a quiet phase, the checker, and a summary row.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
@@ -20,7 +20,7 @@ use super::workload::register_keys;
 use crate::history::now_ns;
 use crate::{
     FaultProxy, RedisCluster, RedisServer, SentinelSet, ServerOptions, Worker, finish_all,
-    unique_key,
+    lock_keys, unique_key,
 };
 
 /// The workers' connect and response timeouts (see `campaign_worker`): one request timeout.
@@ -232,9 +232,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Key prefix of one campaign: a Cluster hash tag, so that every key lives in one slot.
+/// Key prefix of one campaign, without a hash tag: on Cluster each lock lives in a slot of its
+/// own.
 fn key_prefix() -> String {
-    format!("{{{}}}:", unique_key("campaign"))
+    format!("{}:", unique_key("campaign"))
+}
+
+/// A key prefix whose locks' slots are served by at least two masters of `cluster` (a master
+/// kill then takes a part of the keys away, not all of them), and those slots.
+fn spread_keys(cluster: &RedisCluster) -> (String, Vec<u16>) {
+    // The five locks land on one master of three with probability 3 / 3^5 = 1/81: twenty tries
+    // all fail with probability 81^-20.
+    for _ in 0..20 {
+        let prefix = key_prefix();
+        let slots: Vec<u16> = super::workload::keys(&prefix)
+            .iter()
+            .map(|key| cluster.slot_of(&lock_keys(key).lock))
+            .collect();
+        let masters: BTreeSet<u16> = slots
+            .iter()
+            .map(|&slot| cluster.master_of_slot(slot).port())
+            .collect();
+        if masters.len() >= 2 {
+            return (prefix, slots);
+        }
+    }
+    panic!("twenty key prefixes each put every campaign lock on one cluster master");
 }
 
 /// What a campaign runs against.
@@ -688,25 +711,26 @@ fn switch_masters(set: &SentinelSet) -> usize {
     log.matches("+switch-master").count()
 }
 
-/// A Redis Cluster (3 masters + replicas; clients reach the nodes directly): short freezes of
-/// the master of the campaign's slot, a SIGKILL of it (its replica takes over; the node comes
-/// back as a replica), `CLIENT KILL` on every node.
+/// A Redis Cluster (3 masters + replicas; clients reach the nodes directly), the campaign's locks
+/// in slots of their own on at least two masters: short freezes of the master of one of those
+/// slots, a SIGKILL of it (its replica takes over; the node comes back as a replica), `CLIENT
+/// KILL` on every node.
 pub fn cluster(profile: &Profile) -> Summary {
     let started = Instant::now();
     let cluster = Mutex::new(RedisCluster::start());
     let urls = lock(&cluster).urls();
     let ports: Vec<u16> = lock(&cluster).nodes.iter().map(RedisServer::port).collect();
-    let prefix = key_prefix();
-    let slot = lock(&cluster).slot_of(&prefix);
+    let (prefix, slots) = spread_keys(&lock(&cluster));
     let cluster_ref = &cluster;
-    let ports = &ports;
-    let master_index = move || {
+    let (ports, slots) = (&ports, &slots);
+    let master_index = move |rng: &mut fastrand::Rng| {
+        let slot = slots[rng.usize(0..slots.len())];
         let c = lock(cluster_ref);
         c.index_of(c.master_of_slot(slot).port())
     };
     let actions = vec![
         Action::new(FaultKind::Freeze, "topology", move |rng| {
-            let index = master_index();
+            let index = master_index(rng);
             let hold = Duration::from_millis(rng.u64(100..=400));
             for_a_while(
                 || lock(cluster_ref).nodes[index].freeze(),
@@ -714,8 +738,8 @@ pub fn cluster(profile: &Profile) -> Summary {
                 || lock(cluster_ref).nodes[index].thaw(),
             )
         }),
-        Action::new(FaultKind::MasterKill, "topology", move |_| {
-            let index = master_index();
+        Action::new(FaultKind::MasterKill, "topology", move |rng| {
+            let index = master_index(rng);
             let replica = {
                 let c = lock(cluster_ref);
                 c.replica_of(&c.nodes[index]).port()
