@@ -182,7 +182,7 @@ impl Summary {
 pub fn table(summaries: &[Summary]) -> String {
     let mut out = String::from(
         "backend  | secs | ops   | acquired | contended | unavailable | other | release lost | \
-         violations | documented (fenced) | writes ok / stale rejected | paused acquires | faults\n",
+         violations | documented (fenced) | writes ok / stale rejected / unanswered | paused acquires | faults\n",
     );
     for s in summaries {
         let r = &s.report;
@@ -206,7 +206,7 @@ pub fn table(summaries: &[Summary]) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<8} | {:>4} | {:>5} | {:>8} | {:>9} | {:>11} | {:>5} | {:>12} | {:>10} | {:>10} ({:>2})     | {:>8} / {:<15} | {:>15} | {} (seed {})",
+            "{:<8} | {:>4} | {:>5} | {:>8} | {:>9} | {:>11} | {:>5} | {:>12} | {:>10} | {:>10} ({:>2})     | {:>8} / {:>5} / {:<15} | {:>15} | {} (seed {})",
             s.backend,
             s.took.as_secs(),
             r.outcomes.values().sum::<usize>(),
@@ -220,6 +220,7 @@ pub fn table(summaries: &[Summary]) -> String {
             r.documented_fenced,
             s.register.0,
             s.register.1,
+            r.writes.get(&WriteResult::Error).copied().unwrap_or(0),
             r.paused_acquires,
             faults.join(", "),
             s.seed,
