@@ -19,8 +19,8 @@ use super::record::{self, FaultKind, WriteResult};
 use super::workload::register_keys;
 use crate::history::now_ns;
 use crate::{
-    FaultProxy, RedisCluster, RedisServer, SentinelSet, ServerOptions, Worker, finish_all,
-    lock_keys, unique_key,
+    FaultProxy, RedisCluster, RedisServer, SentinelOptions, SentinelSet, ServerOptions, Worker,
+    finish_all, lock_keys, unique_key,
 };
 
 /// The workers' connect and response timeouts (see `campaign_worker`): one request timeout.
@@ -388,16 +388,38 @@ fn hitting(i: usize, mut action: Action<'_>) -> Action<'_> {
     action
 }
 
-/// Latency, blackhole and reset on each proxy.
-fn link_actions<'a>(proxies: &'a [FaultProxy], profile: &Profile) -> Vec<Action<'a>> {
+/// How hard the link faults hit: the latency each way and how long a blackhole lasts, at most.
+#[derive(Debug, Clone, Copy)]
+struct LinkLimits {
+    delay: Duration,
+    blackhole: Duration,
+}
+
+impl LinkLimits {
+    /// Up to 300 ms each way, a blackhole up to two ttls.
+    fn of(profile: &Profile) -> LinkLimits {
+        LinkLimits {
+            delay: Duration::from_millis(300),
+            blackhole: 2 * profile.ttl,
+        }
+    }
+}
+
+/// Latency (from 20 ms, for 0.5-3 s), blackhole (from 200 ms) and reset on each proxy.
+fn link_actions<'a>(
+    proxies: &'a [FaultProxy],
+    limits: LinkLimits,
+    profile: &Profile,
+) -> Vec<Action<'a>> {
     let mut actions = Vec::new();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     for (i, proxy) in proxies.iter().enumerate() {
         let target = format!("link {i}");
         let p = profile.clone();
         actions.push(hitting(
             i,
             Action::new(FaultKind::Latency, &target, move |rng| {
-                let delay = Duration::from_millis(rng.u64(20..=300));
+                let delay = Duration::from_millis(rng.u64(20..=ms(limits.delay).max(20)));
                 let hold = p.millis(rng, Duration::from_millis(500), Duration::from_secs(3));
                 for_a_while(
                     || proxy.set_delay(delay),
@@ -410,7 +432,7 @@ fn link_actions<'a>(proxies: &'a [FaultProxy], profile: &Profile) -> Vec<Action<
         actions.push(hitting(
             i,
             Action::new(FaultKind::Blackhole, &target, move |rng| {
-                let hold = p.millis(rng, Duration::from_millis(200), 2 * p.ttl);
+                let hold = p.millis(rng, Duration::from_millis(200), limits.blackhole);
                 for_a_while(
                     || proxy.set_blackhole(true),
                     hold,
@@ -543,7 +565,7 @@ pub fn single(profile: &Profile) -> Summary {
     let (servers, clocks) = servers_with_clocks(1);
     let proxies = [FaultProxy::start(lock(&servers[0]).port())];
     let mut actions = node_actions(&servers, None, profile);
-    actions.extend(link_actions(&proxies, profile));
+    actions.extend(link_actions(&proxies, LinkLimits::of(profile), profile));
     let phase_end = fault_phase_end(profile);
     actions.extend(clock_actions(&servers, &clocks, None, profile, phase_end));
     let urls = [proxies[0].url()];
@@ -563,7 +585,7 @@ pub fn redlock(profile: &Profile) -> Summary {
         .collect();
     let down = profile.ttl + Duration::from_millis(300);
     let mut actions = node_actions(&servers, Some(down), profile);
-    actions.extend(link_actions(&proxies, profile));
+    actions.extend(link_actions(&proxies, LinkLimits::of(profile), profile));
     let phase_end = fault_phase_end(profile);
     actions.extend(clock_actions(
         &servers,
@@ -620,34 +642,54 @@ pub fn redlock_majority_clock(profile: &Profile) -> Summary {
     campaign(&profile, setup, &urls, &key_prefix(), vec![step], started)
 }
 
-/// Sentinel (master, replica, 3 sentinels; clients reach the data nodes directly, as the
-/// sentinels name them): forced failovers, short freezes of either data node (shorter than the
-/// sentinels' down-after time), `CLIENT KILL` on the master.
+/// How long the sentinels may go without an answer from the master before they fail it over
+/// themselves: the harness's down-after time (1 s), less 300 ms of scheduling slack. A freeze
+/// (up to 400 ms) and a blackhole or a round trip's latency on the master's link, one after the
+/// other, must fit in it, or the sentinels make a failover the nemesis did not log.
+const SENTINEL_SILENCE: Duration = Duration::from_millis(700);
+
+/// Sentinel (master, replica, 3 sentinels), each data node behind a fault proxy that clients,
+/// sentinels and the replication link all go through (the nodes announce the proxies' ports):
+/// forced failovers, short freezes of either data node, latency, blackholes and resets on their
+/// links, `CLIENT KILL` on the master. Each of those silences the master shorter than the
+/// sentinels' down-after time, together too ([`SENTINEL_SILENCE`]).
 pub fn sentinel(profile: &Profile) -> Summary {
     let started = Instant::now();
-    let set = Mutex::new(SentinelSet::start());
-    let urls = lock(&set).sentinel_urls();
-    let data_ports: Vec<u16> = lock(&set).data.iter().map(RedisServer::port).collect();
-    let data_ports = &data_ports;
+    let set = SentinelSet::start_with(SentinelOptions {
+        proxied: true,
+        ..SentinelOptions::default()
+    });
+    let urls = set.sentinel_urls();
     let set_ref = &set;
+    const FREEZE: Duration = Duration::from_millis(400);
+    let links = LinkLimits {
+        delay: SENTINEL_SILENCE.saturating_sub(FREEZE) / 2,
+        blackhole: SENTINEL_SILENCE.saturating_sub(FREEZE),
+    };
+    let p = profile;
     let freeze = move |rng: &mut fastrand::Rng, master: bool| -> Option<Span> {
-        let port = lock(set_ref).master_port()?;
-        let index = data_ports.iter().position(|&p| (p == port) == master)?;
-        let hold = Duration::from_millis(rng.u64(100..=400));
+        let master_index = set_ref.index_of(set_ref.master_port()?)?;
+        let index = if master {
+            master_index
+        } else {
+            1 - master_index
+        };
+        let hold = p.millis(rng, Duration::from_millis(100), FREEZE);
         for_a_while(
-            || lock(set_ref).data[index].freeze(),
+            || set_ref.data[index].freeze(),
             hold,
-            || lock(set_ref).data[index].thaw(),
+            || set_ref.data[index].thaw(),
         )
     };
-    let actions = vec![
+    let mut actions = vec![
         Action::new(FaultKind::Failover, "topology", move |_| fail_over(set_ref)),
         Action::new(FaultKind::Freeze, "topology", move |rng| freeze(rng, true)),
         Action::new(FaultKind::Freeze, "topology", move |rng| freeze(rng, false)),
         Action::new(FaultKind::ClientKill, "clients", move |_| {
-            kill_clients(&[lock(set_ref).master_port()?])
+            kill_clients(&[set_ref.master_port()?])
         }),
     ];
+    actions.extend(link_actions(&set.proxies, links, profile));
     let summary = campaign(
         profile,
         Setup::new("sentinel", 1),
@@ -656,7 +698,7 @@ pub fn sentinel(profile: &Profile) -> Summary {
         actions,
         started,
     );
-    let switches = switch_masters(&lock(&set));
+    let switches = switch_masters(&set);
     let logged = summary
         .faults
         .get(&FaultKind::Failover)
@@ -665,15 +707,15 @@ pub fn sentinel(profile: &Profile) -> Summary {
     assert_eq!(
         switches, logged,
         "the sentinels switched masters {switches} times, the nemesis asked {logged} times: a \
-         freeze caused a failover the checker does not know of"
+         freeze or a link fault caused a failover the checker does not know of"
     );
     summary
 }
 
 /// `SENTINEL FAILOVER`, then until the other node is master and its new replica's link is up.
-fn fail_over(set: &Mutex<SentinelSet>) -> Option<Span> {
-    let old = lock(set).master_port()?;
-    let sentinel = lock(set).sentinels[0].port();
+fn fail_over(set: &SentinelSet) -> Option<Span> {
+    let old = set.master_port()?;
+    let sentinel = set.sentinels[0].port();
     let start = now_ns();
     let mut con = nemesis::quick_connection(sentinel)?;
     let asked: redis::RedisResult<()> = redis::cmd("SENTINEL")
@@ -685,7 +727,7 @@ fn fail_over(set: &Mutex<SentinelSet>) -> Option<Span> {
     let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
     while Instant::now() < deadline {
         let done = (|| {
-            let new = lock(set).master_port().filter(|&p| p != old)?;
+            let new = set.master_port().filter(|&p| p != old)?;
             let role = |port| -> Option<String> {
                 redis::cmd("INFO")
                     .arg("replication")
@@ -809,7 +851,7 @@ pub fn etcd(profile: &Profile) -> Summary {
             )
         }));
     }
-    actions.extend(link_actions(&proxies, profile));
+    actions.extend(link_actions(&proxies, LinkLimits::of(profile), profile));
     let urls: Vec<String> = proxies.iter().map(FaultProxy::http_url).collect();
     campaign(
         profile,
