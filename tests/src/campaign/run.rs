@@ -754,15 +754,23 @@ fn switch_masters(set: &SentinelSet) -> usize {
     log.matches("+switch-master").count()
 }
 
-/// A Redis Cluster (3 masters + replicas; clients reach the nodes directly), the campaign's locks
-/// in slots of their own on at least two masters: short freezes of the master of one of those
-/// slots, a SIGKILL of it (its replica takes over; the node comes back as a replica), `CLIENT
-/// KILL` on every node.
+/// A Redis Cluster (3 masters + replicas), each node behind a fault proxy it announces (clients,
+/// and a replica that reconnects its master, go through it; the cluster bus does not), the
+/// campaign's locks in slots of their own on at least two masters: short freezes of the master of
+/// one of those slots, a SIGKILL of it (its replica takes over; the node comes back as a
+/// replica), latency, blackholes and resets on each node's link, `CLIENT KILL` on every node.
 pub fn cluster(profile: &Profile) -> Summary {
     let started = Instant::now();
-    let cluster = Mutex::new(RedisCluster::start());
-    let urls = lock(&cluster).urls();
-    let ports: Vec<u16> = lock(&cluster).nodes.iter().map(RedisServer::port).collect();
+    let mut cluster = RedisCluster::start();
+    let proxies: Vec<FaultProxy> = cluster
+        .nodes
+        .iter()
+        .map(|n| FaultProxy::start(n.port()))
+        .collect();
+    cluster.announce(proxies.iter().map(FaultProxy::port).collect());
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let ports: Vec<u16> = cluster.nodes.iter().map(RedisServer::port).collect();
+    let cluster = Mutex::new(cluster);
     let (prefix, slots) = spread_keys(&lock(&cluster));
     let cluster_ref = &cluster;
     let (ports, slots) = (&ports, &slots);
@@ -771,7 +779,7 @@ pub fn cluster(profile: &Profile) -> Summary {
         let c = lock(cluster_ref);
         c.index_of(c.master_of_slot(slot).port())
     };
-    let actions = vec![
+    let mut actions = vec![
         Action::new(FaultKind::Freeze, "topology", move |rng| {
             let index = master_index(rng);
             let hold = Duration::from_millis(rng.u64(100..=400));
@@ -803,6 +811,7 @@ pub fn cluster(profile: &Profile) -> Summary {
             }
             let mut c = lock(cluster_ref);
             c.nodes[index].restart();
+            c.reannounce(index);
             c.wait_ok(Duration::from_secs(30));
             Some((start, now_ns()))
         }),
@@ -810,14 +819,25 @@ pub fn cluster(profile: &Profile) -> Summary {
             kill_clients(ports)
         }),
     ];
-    campaign(
+    actions.extend(link_actions(&proxies, LinkLimits::of(profile), profile));
+    let summary = campaign(
         profile,
         Setup::new("cluster", 1),
         &urls,
         &prefix,
         actions,
         started,
-    )
+    );
+    // Only clients connect to the proxies (the harness and the nemesis use the nodes' own
+    // ports, and the replicas linked before the announcement): the locks' two masters or more
+    // were reached through them, so the link faults hit the lock calls.
+    let used = proxies.iter().filter(|p| p.bytes_up() > 0).count();
+    assert!(
+        used >= 2,
+        "the clients went through {used} of the cluster's proxies: the nodes' announced ports \
+         were not used"
+    );
+    summary
 }
 
 /// etcd, 3 members, each client port behind a fault proxy: a member frozen or killed (and
