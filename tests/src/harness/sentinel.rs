@@ -32,6 +32,8 @@ pub struct SentinelOptions {
     /// (`replica-announce-port`, the sentinels' `monitor`): clients, sentinels and the
     /// replication link all reach it through the proxy.
     pub proxied: bool,
+    /// The sentinels' down-after time, if not the default 1 s.
+    pub down_after: Option<Duration>,
 }
 
 /// Two data nodes (one master, one replica) watched by three sentinels under the master name
@@ -131,7 +133,7 @@ impl SentinelSet {
                 format!("sentinel monitor {name} 127.0.0.1 {master_port} 2"),
                 format!(
                     "sentinel down-after-milliseconds {name} {}",
-                    DOWN_AFTER.as_millis()
+                    opts.down_after.unwrap_or(DOWN_AFTER).as_millis()
                 ),
                 format!("sentinel failover-timeout {name} {FAILOVER_TIMEOUT_MS}"),
                 format!("sentinel parallel-syncs {name} 1"),
