@@ -48,7 +48,7 @@ use super::record::{Fault, FaultKind, Op, Outcome, Release, Write, WriteResult};
 use crate::sections::Kind;
 
 /// The bounds a history is checked against (all in ns).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     /// The ttl the workers asked for.
     pub ttl_ns: u64,
@@ -65,6 +65,58 @@ pub struct Bounds {
     pub quorum: usize,
     /// The largest clock step the nemesis makes.
     pub clock_step_ns: u64,
+}
+
+const BOUNDS: &str = "bounds ";
+
+impl fmt::Display for Bounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{BOUNDS}ttl={} request={} slack={} healed={} end={} quorum={} clock_step={}",
+            self.ttl_ns,
+            self.request_ns,
+            self.slack_ns,
+            self.healed_ns,
+            self.end_ns,
+            self.quorum,
+            self.clock_step_ns
+        )
+    }
+}
+
+impl std::str::FromStr for Bounds {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Bounds, String> {
+        let parse = || {
+            let mut fields = crate::history::Fields::after(line, BOUNDS)?;
+            Some(Bounds {
+                ttl_ns: fields.next("ttl")?,
+                request_ns: fields.next("request")?,
+                slack_ns: fields.next("slack")?,
+                healed_ns: fields.next("healed")?,
+                end_ns: fields.next("end")?,
+                quorum: fields.next("quorum")?,
+                clock_step_ns: fields.next("clock_step")?,
+            })
+        };
+        parse().ok_or_else(|| format!("not a bounds line: {line:?}"))
+    }
+}
+
+/// Checks a history saved as lines (see `run::Summary::history`): one [`Bounds`] line, and the
+/// op, write and fault lines.
+pub fn check_saved(text: &str) -> Result<Report, String> {
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let bounds: Bounds = lines
+        .iter()
+        .find(|l| l.starts_with(BOUNDS))
+        .ok_or("no bounds line")?
+        .parse()?;
+    let (ops, writes) = super::record::parse_lines(&lines)?;
+    let faults = super::record::parse_faults(lines.iter().map(String::as_str))?;
+    Ok(check(&ops, &writes, &faults, &bounds))
 }
 
 /// Holds of one key that were held at once.
@@ -703,6 +755,27 @@ mod tests {
 
     fn violations(ops: &[Op], writes: &[Write], faults: &[Fault]) -> Vec<Violation> {
         check(ops, writes, faults, &bounds()).violations
+    }
+
+    #[test]
+    fn a_saved_history_is_checked_again() {
+        let mut ops = clean_history();
+        ops.push(hold(3, "k", 2, 15, 16));
+        let fault = pause(9, 1, 2);
+        let lines: Vec<String> = [bounds().to_string(), fault.to_string()]
+            .into_iter()
+            .chain(ops.iter().map(ToString::to_string))
+            .chain([write(2, 2, 11, WriteResult::Accepted).to_string()])
+            .collect();
+        assert_eq!(lines[0].parse::<Bounds>(), Ok(bounds()));
+        let report = check_saved(&lines.join("\n")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(&report.violations[..], [Violation::Overlap(o)] if o.holds[1].pid == 3),
+            "{:?}",
+            report.violations
+        );
+        assert_eq!(report.writes.get(&WriteResult::Accepted), Some(&1));
+        assert!(check_saved("op pid=1").is_err());
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub struct Summary {
     pub took: Duration,
     /// The seed.
     pub seed: u64,
+    /// Where the history was saved (when there were violations): [`check::check_saved`] reads
+    /// it again.
+    pub history: Option<std::path::PathBuf>,
 }
 
 impl Summary {
@@ -124,6 +127,14 @@ impl Summary {
     /// disagreement between the register's counters and the recorded writes.
     pub fn problems(&self) -> String {
         let mut out = String::new();
+        if let Some(path) = &self.history {
+            let _ = writeln!(
+                out,
+                "[{}] history saved in {}",
+                self.backend,
+                path.display()
+            );
+        }
         for v in self.report.violations.iter().take(10) {
             let _ = writeln!(out, "[{}] {v}", self.backend);
         }
@@ -349,6 +360,9 @@ fn campaign(
         clock_step_ns: nanos(3 * profile.ttl),
     };
     let report = check::check(&ops, &writes, &faults, &bounds);
+    let history = (!report.is_clean())
+        .then(|| save_history(backend, profile.seed, &bounds, &ops, &writes, &faults))
+        .flatten();
     let mut faults_by_kind = BTreeMap::new();
     for fault in &faults {
         *faults_by_kind.entry(fault.kind).or_default() += 1;
@@ -361,7 +375,36 @@ fn campaign(
         register: register_counts(&data, prefix),
         took: started.elapsed(),
         seed: profile.seed,
+        history,
     }
+}
+
+/// Writes a history with violations to a file of its own in the temporary directory, as lines
+/// [`check::check_saved`] reads, and returns its path (`None` when it cannot be written).
+fn save_history(
+    backend: &str,
+    seed: u64,
+    bounds: &Bounds,
+    ops: &[record::Op],
+    writes: &[record::Write],
+    faults: &[record::Fault],
+) -> Option<std::path::PathBuf> {
+    let mut text = format!("{bounds}\n");
+    for line in faults
+        .iter()
+        .map(ToString::to_string)
+        .chain(ops.iter().map(ToString::to_string))
+        .chain(writes.iter().map(ToString::to_string))
+    {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let path = std::env::temp_dir().join(format!(
+        "lock-campaign-{backend}-seed-{seed}-{}.history",
+        now_ns()
+    ));
+    std::fs::write(&path, text).ok()?;
+    Some(path)
 }
 
 /// The register's own counts of accepted and rejected writes, over every key of the run.
