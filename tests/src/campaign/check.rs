@@ -372,12 +372,14 @@ fn bare_quorum_overlap(step: &Fault, overlap: &Overlap, faults: &[Fault], quorum
 }
 
 /// Whether clock step `step` on a minority can have let another grant in beside `victim`'s,
-/// granted before `other_done`: the step was on after the victim's acquire began and began
-/// before the other grant returned, and the servers it stepped, those a fault may have kept out
-/// of the victim's grant (any fault on them during its acquire) and those that lost keys
-/// meanwhile (another clock step, a kill or a restart before the other grant) make a quorum. The
-/// victim's grant then rested on fewer than a quorum of servers that kept its key, which
-/// Redlock's clock assumption rules out.
+/// granted before `other_done`: the step can have expired the victim's key early before the
+/// other grant returned (a step ahead on after the victim's acquire began and begun before the
+/// other grant returned; a step back on during the victim's acquire and returned before the
+/// other grant did), and the servers it stepped, those a fault may have kept out of the victim's
+/// grant (any fault on them during its acquire) and those that lost keys meanwhile (another
+/// clock step, a kill or a restart before the other grant) make a quorum. The victim's grant
+/// then rested on fewer than a quorum of servers that kept its key, which Redlock's clock
+/// assumption rules out.
 fn bare_quorum(
     step: &Fault,
     victim: &Op,
@@ -385,8 +387,16 @@ fn bare_quorum(
     faults: &[Fault],
     quorum: usize,
 ) -> bool {
-    if !step.kind.is_clock_step() || step.start_ns >= other_done || victim.invoke_ns >= step.end_ns
-    {
+    let expired_early = match step.kind {
+        FaultKind::ClockForward => step.start_ns < other_done && victim.invoke_ns < step.end_ns,
+        FaultKind::ClockBack => {
+            step.start_ns < victim.done_ns
+                && victim.invoke_ns < step.end_ns
+                && step.end_ns < other_done
+        }
+        _ => false,
+    };
+    if !expired_early {
         return false;
     }
     let mut servers: BTreeSet<usize> = step.servers.iter().copied().collect();
@@ -1148,6 +1158,14 @@ mod tests {
         let mut after = faults.clone();
         after[2].start_ns = 1301 * MS;
         let found = check(&ops, &[], &after, &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        // A step back expires the keys set meanwhile when it returns: before worker 1's grant
+        // it explains the overlap, after both grants it does not.
+        let mut back = faults.clone();
+        back[2] = clock_step(FaultKind::ClockBack, &[4], 950, 1050);
+        assert!(check(&ops, &[], &back, &redlock).is_clean());
+        back[2].end_ns = 1350 * MS;
+        let found = check(&ops, &[], &back, &redlock).violations;
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
         // The same late grant after worker 1's hold ended: its smaller token is the same limit.
         let mut ops = ops;
