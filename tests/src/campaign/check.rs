@@ -190,6 +190,10 @@ pub struct Report {
     pub releases: BTreeMap<Release, usize>,
     /// Acquires left out of the wait bound: their worker was paused meanwhile.
     pub paused_acquires: usize,
+    /// Of the overlaps among the violations, those with a hold whose worker was paused while it
+    /// waited for it (a pause began during its acquire): the shape of a waiter that took a stale
+    /// grant after it resumed.
+    pub paused_waiter_overlaps: usize,
 }
 
 impl Report {
@@ -233,7 +237,12 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
                         ..overlap
                     });
                 }
-                None => report.violations.push(Violation::Overlap(overlap)),
+                None => {
+                    if paused_waiter(&overlap, faults) {
+                        report.paused_waiter_overlaps += 1;
+                    }
+                    report.violations.push(Violation::Overlap(overlap));
+                }
             }
         }
         for found in fences(key, holds) {
@@ -311,6 +320,17 @@ fn overlaps(key: &str, holds: &[&Op]) -> Vec<Overlap> {
         active.push(hold);
     }
     found
+}
+
+/// Whether a hold of the overlap was granted to a worker paused while it waited for it.
+fn paused_waiter(overlap: &Overlap, faults: &[Fault]) -> bool {
+    faults.iter().any(|f| {
+        f.kind == FaultKind::ClientPause
+            && overlap
+                .holds
+                .iter()
+                .any(|h| f.pid == Some(h.pid) && h.invoke_ns < f.start_ns && f.start_ns < h.done_ns)
+    })
 }
 
 fn span(overlap: &Overlap) -> (u64, u64) {
@@ -968,6 +988,7 @@ mod tests {
             report.violations
         );
         assert!(report.documented.is_empty());
+        assert_eq!(report.paused_waiter_overlaps, 1);
         // Its acquire overran its wait, which the pause does excuse.
         assert_eq!(report.paused_acquires, 1);
     }

@@ -207,6 +207,12 @@ pub fn table(summaries: &[Summary]) -> String {
             let by: Vec<String> = explained.iter().map(|(k, n)| format!("{k} {n}")).collect();
             faults.push(format!("documented overlaps during: {}", by.join(", ")));
         }
+        if r.paused_waiter_overlaps > 0 {
+            faults.push(format!(
+                "overlaps with a waiter paused (violations): {}",
+                r.paused_waiter_overlaps
+            ));
+        }
         let mut drops: BTreeMap<FaultKind, usize> = BTreeMap::new();
         for (_, fault) in &r.documented_fences {
             *drops.entry(fault.kind).or_default() += 1;
