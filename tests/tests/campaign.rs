@@ -10,6 +10,7 @@
 //! assumption: a majority of nodes stepped ahead at once must show overlaps the checker
 //! classifies as documented, and the fenced register refusing the stale holder.
 
+use lock_tests::campaign::check;
 use lock_tests::campaign::record::FaultKind;
 use lock_tests::campaign::run::{self, Profile, Summary};
 
@@ -75,4 +76,24 @@ fn fault_campaign_finds_no_violation_outside_the_documented_limits() {
             s.backend
         );
     }
+}
+
+/// Checks a history a campaign saved (it names the file with its violations) again, with the
+/// checker as it is now: `LOCK_CAMPAIGN_HISTORY=<file> cargo test -p lock-tests --test campaign
+/// -- --ignored --nocapture`. Fails on a violation, as the campaign does.
+#[test]
+#[ignore = "by hand, on a saved history"]
+fn a_saved_history_has_no_violation_outside_the_documented_limits() {
+    let path = std::env::var("LOCK_CAMPAIGN_HISTORY")
+        .unwrap_or_else(|e| panic!("LOCK_CAMPAIGN_HISTORY=<file>: {e}"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let report = check::check_saved(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    for (v, fault) in &report.documented_fences {
+        eprintln!("documented token drop: {v}\n  during {fault}");
+    }
+    for overlap in &report.documented {
+        eprintln!("documented overlap: {overlap}");
+    }
+    let shown: Vec<String> = report.violations.iter().map(ToString::to_string).collect();
+    assert!(shown.is_empty(), "{path}:\n{}", shown.join("\n"));
 }

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Lock, LockClient, LockConfig, LockError, LockGuard};
+use lock_tests::campaign::nemesis::longest_pause;
 use lock_tests::campaign::record::{Op, Outcome, Release, Write, WriteResult};
 use lock_tests::campaign::workload::{Step, WORK, next_step, register_keys, register_script};
 use lock_tests::history::now_ns;
@@ -26,7 +27,6 @@ use redis::aio::MultiplexedConnection;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
-const DATA_TIMEOUT: Duration = Duration::from_secs(2);
 const ASYNC_TASKS: u32 = 2;
 /// Errors other than contention and unavailability printed on stderr, at most.
 const ERRORS_SHOWN: u64 = 20;
@@ -39,6 +39,17 @@ struct Args {
     run_for: Duration,
     seed: u64,
     ttl: Duration,
+}
+
+impl Args {
+    /// How long a write to the register may take: the data server is never faulted, but the
+    /// worker may be stopped for up to [`longest_pause`] right after it sent one, and a timeout
+    /// that runs out meanwhile records the write as unanswered though the register counted it
+    /// (the register's counts then disagree with the records by that write). 2 s more than that
+    /// pause, for a loaded machine.
+    fn data_timeout(&self) -> Duration {
+        longest_pause(self.ttl) + Duration::from_secs(2)
+    }
 }
 
 static OPS: AtomicU64 = AtomicU64::new(0);
@@ -283,7 +294,11 @@ fn write_blocking(op: &mut Op, data: &mut redis::RedisResult<redis::Connection>)
 }
 
 /// [`write_blocking`] on an async connection.
-async fn write_async(op: &mut Op, data: &redis::RedisResult<MultiplexedConnection>) {
+async fn write_async(
+    op: &mut Op,
+    data: &redis::RedisResult<MultiplexedConnection>,
+    timeout: Duration,
+) {
     if !writes_register(op) {
         return;
     }
@@ -295,7 +310,7 @@ async fn write_async(op: &mut Op, data: &redis::RedisResult<MultiplexedConnectio
                 let mut invocation = register_script().prepare_invoke();
                 invocation.key(&register_keys(key)).arg(fence);
                 let call = invocation.invoke_async(&mut con);
-                tokio::time::timeout(DATA_TIMEOUT, call)
+                tokio::time::timeout(timeout, call)
                     .await
                     .unwrap_or_else(|_| Err(timed_out()))
             }
@@ -312,9 +327,9 @@ fn timed_out() -> redis::RedisError {
 fn run_blocking(client: &LockClient, args: &Args, deadline: Instant) {
     let mut rng = fastrand::Rng::with_seed(args.seed);
     let mut data = redis::Client::open(args.data_url.as_str())
-        .and_then(|c| c.get_connection_with_timeout(DATA_TIMEOUT));
+        .and_then(|c| c.get_connection_with_timeout(args.data_timeout()));
     if let Ok(con) = &data {
-        let _ = con.set_read_timeout(Some(DATA_TIMEOUT));
+        let _ = con.set_read_timeout(Some(args.data_timeout()));
     }
     while Instant::now() < deadline {
         let (step, lock) = next_call(client, args, &mut rng);
@@ -339,7 +354,13 @@ fn run_blocking(client: &LockClient, args: &Args, deadline: Instant) {
 async fn run_async(client: &LockClient, args: &Args, task: u32, deadline: Instant) {
     let mut rng = fastrand::Rng::with_seed(args.seed.wrapping_add(u64::from(task)));
     let data = match redis::Client::open(args.data_url.as_str()) {
-        Ok(c) => c.get_multiplexed_async_connection().await,
+        Ok(c) => {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(args.data_timeout()))
+                .set_response_timeout(Some(args.data_timeout()));
+            c.get_multiplexed_async_connection_with_config(&config)
+                .await
+        }
         Err(err) => Err(err),
     };
     while Instant::now() < deadline {
@@ -352,10 +373,10 @@ async fn run_async(client: &LockClient, args: &Args, task: u32, deadline: Instan
             continue;
         };
         let until = Instant::now() + step.hold;
-        write_async(&mut op, &data).await;
+        write_async(&mut op, &data, args.data_timeout()).await;
         while still_ours(&mut op, &guard) && Instant::now() < until {
             tokio::time::sleep(WORK.min(until.saturating_duration_since(Instant::now()))).await;
-            write_async(&mut op, &data).await;
+            write_async(&mut op, &data, args.data_timeout()).await;
         }
         op.hold_end_ns = now_ns();
         released(&mut op, guard.release().await);

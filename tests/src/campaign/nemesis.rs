@@ -183,12 +183,21 @@ pub fn pause_process(pid: u32, hold: Duration) -> Option<Span> {
     Some((start, now_ns()))
 }
 
+/// How much longer than a ttl a worker pause lasts, in ms: the pause outlasts every validity.
+const PAUSE_PAST_TTL_MS: (u64, u64) = (200, 800);
+
+/// The longest worker pause under `ttl` ([`pause_action`]).
+pub fn longest_pause(ttl: Duration) -> Duration {
+    ttl + Duration::from_millis(PAUSE_PAST_TTL_MS.1)
+}
+
 /// A worker pause on `pid` lasting a ttl plus 200-800ms.
 pub fn pause_action<'a>(pid: u32, worker: usize, ttl: Duration) -> Action<'a> {
+    let (least, most) = PAUSE_PAST_TTL_MS;
     let mut action = Action::new(
         FaultKind::ClientPause,
         format!("worker {worker}"),
-        move |rng| pause_process(pid, ttl + Duration::from_millis(rng.u64(200..=800))),
+        move |rng| pause_process(pid, ttl + Duration::from_millis(rng.u64(least..=most))),
     );
     action.pid = Some(pid);
     action

@@ -395,13 +395,17 @@ impl Fault {
     }
 }
 
+const FAULT: &str = "fault ";
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "fault kind={} target={} servers={} start={} end={} ({} ms)",
+            "{FAULT}kind={} target={} pid={} servers={} start={} end={} ({} ms)",
             self.kind,
             self.target.replace(' ', "_"),
+            self.pid
+                .map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
             if self.servers.is_empty() {
                 "-".to_owned()
             } else {
@@ -412,6 +416,40 @@ impl fmt::Display for Fault {
             self.end_ns.saturating_sub(self.start_ns) / 1_000_000
         )
     }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Fault, String> {
+        let parse = || {
+            let mut fields = Fields::after(line, FAULT)?;
+            let kind = fields.next("kind")?;
+            let target = fields.next::<String>("target")?.replace('_', " ");
+            let pid = match fields.next::<String>("pid")?.as_str() {
+                "-" => None,
+                pid => Some(pid.parse().ok()?),
+            };
+            Some(Fault {
+                kind,
+                target,
+                pid,
+                servers: parse_list(&fields.next::<String>("servers")?)?,
+                start_ns: fields.next("start")?,
+                end_ns: fields.next("end")?,
+            })
+        };
+        parse().ok_or_else(|| format!("not a fault line: {line:?}"))
+    }
+}
+
+/// The fault lines among `lines` (others are skipped); `Err` names a malformed one.
+pub fn parse_faults<'a>(lines: impl IntoIterator<Item = &'a str>) -> Result<Vec<Fault>, String> {
+    lines
+        .into_iter()
+        .filter(|line| line.starts_with(FAULT))
+        .map(str::parse)
+        .collect()
 }
 
 #[cfg(test)]
@@ -457,5 +495,20 @@ mod tests {
         };
         assert_eq!(write.to_string().parse::<Write>(), Ok(write));
         assert!("op pid=1".parse::<Op>().is_err());
+        let fault = Fault {
+            kind: FaultKind::ClientPause,
+            target: "worker 2".into(),
+            pid: Some(7),
+            servers: vec![0, 3],
+            start_ns: 5,
+            end_ns: 9,
+        };
+        assert_eq!(fault.to_string().parse::<Fault>(), Ok(fault.clone()));
+        let topology = Fault {
+            pid: None,
+            servers: Vec::new(),
+            ..fault
+        };
+        assert_eq!(topology.to_string().parse::<Fault>(), Ok(topology));
     }
 }

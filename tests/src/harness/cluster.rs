@@ -26,6 +26,9 @@ const NODE_TIMEOUT_MS: u64 = 1000;
 pub struct RedisCluster {
     /// Every node, masters first; roles change with failovers (see [`masters`](Self::masters)).
     pub nodes: Vec<RedisServer>,
+    /// After [`announce`](Self::announce): the port each node announces (a proxy's in front of
+    /// it), by node index; empty before.
+    announced: Vec<u16>,
 }
 
 impl RedisCluster {
@@ -102,7 +105,10 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            announced: Vec::new(),
+        };
         cluster.wait_ok(READY_TIMEOUT);
         cluster
     }
@@ -178,6 +184,46 @@ impl RedisCluster {
         }
     }
 
+    /// Makes node `i` announce `ports[i]` (`cluster-announce-port`: a fault proxy in front of
+    /// it), and waits until every node names only those ports as slot owners: clients then reach
+    /// the nodes, and a replica that (re)connects its master, through them; the cluster bus stays
+    /// direct. A restarted node forgets it: see [`reannounce`](Self::reannounce).
+    pub fn announce(&mut self, ports: Vec<u16>) {
+        assert_eq!(ports.len(), self.nodes.len(), "one announced port per node");
+        self.announced = ports;
+        for i in 0..self.nodes.len() {
+            self.reannounce(i);
+        }
+        let announced = &self.announced;
+        let done = poll_until(READY_TIMEOUT, Duration::from_millis(50), || {
+            self.nodes
+                .iter()
+                .filter(|n| n.is_running())
+                .all(|n| {
+                    slot_owners(n).is_some_and(|o| o.values().all(|(_, p)| announced.contains(p)))
+                })
+                .then_some(())
+        });
+        assert!(
+            done.is_some(),
+            "the nodes did not name the announced ports {announced:?} within {READY_TIMEOUT:?}"
+        );
+        self.wait_ok(READY_TIMEOUT);
+    }
+
+    /// Makes node `i` announce its port of [`announce`](Self::announce) again (after a restart;
+    /// nothing without announced ports).
+    pub fn reannounce(&self, i: usize) {
+        if let Some(port) = self.announced.get(i) {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(port)
+                .query(&mut self.nodes[i].admin())
+                .unwrap();
+        }
+    }
+
     /// The slot Redis Cluster hashes `key` to.
     pub fn slot_of(&self, key: &str) -> u16 {
         redis::cmd("CLUSTER")
@@ -213,21 +259,31 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The running replica of `master`.
+    /// The running replica of `master` (linked to its port or to the one it announces).
     pub fn replica_of(&self, master: &RedisServer) -> &RedisServer {
-        let needle = format!("master_port:{}", master.port());
+        let index = self.index_of(master.port());
+        let ports = [Some(master.port()), self.announced.get(index).copied()];
+        let needles: Vec<String> = ports
+            .iter()
+            .flatten()
+            .map(|p| format!("master_port:{p}"))
+            .collect();
         self.nodes
             .iter()
             .filter(|n| n.is_running())
-            .find(|n| try_info(n, "replication").is_some_and(|i| i.contains(&needle)))
+            .find(|n| {
+                try_info(n, "replication")
+                    .is_some_and(|i| needles.iter().any(|needle| i.contains(needle.as_str())))
+            })
             .unwrap_or_else(|| panic!("no replica of the master on port {}", master.port()))
     }
 
-    /// Index in [`nodes`](Self::nodes) of the node on `port`.
+    /// Index in [`nodes`](Self::nodes) of the node on `port`, or announcing it.
     pub fn index_of(&self, port: u16) -> usize {
         self.nodes
             .iter()
             .position(|n| n.port() == port)
+            .or_else(|| self.announced.iter().position(|&p| p == port))
             .unwrap_or_else(|| panic!("no node on port {port}"))
     }
 

@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use super::proxy::FaultProxy;
 use super::server::{RedisServer, ServerOptions};
 use super::store::RedisStore;
 use super::tls::TestCa;
@@ -27,6 +28,12 @@ pub struct SentinelOptions {
     pub sentinel_password: Option<String>,
     /// Every process serves TLS only, with this CA (see [`ServerOptions::tls`]).
     pub tls: Option<TestCa>,
+    /// Each data node behind a [`FaultProxy`] of its own, and known by the proxy's port
+    /// (`replica-announce-port`, the sentinels' `monitor`): clients, sentinels and the
+    /// replication link all reach it through the proxy.
+    pub proxied: bool,
+    /// The sentinels' down-after time, if not the default 1 s.
+    pub down_after: Option<Duration>,
 }
 
 /// Two data nodes (one master, one replica) watched by three sentinels under the master name
@@ -37,6 +44,8 @@ pub struct SentinelSet {
     pub data: Vec<RedisServer>,
     /// The sentinels.
     pub sentinels: Vec<RedisServer>,
+    /// With [`SentinelOptions::proxied`], `proxies[i]` is the proxy in front of `data[i]`.
+    pub proxies: Vec<FaultProxy>,
 }
 
 impl SentinelSet {
@@ -90,6 +99,30 @@ impl SentinelSet {
             .concat(),
             ..ServerOptions::default()
         });
+        let proxies: Vec<FaultProxy> = if opts.proxied {
+            [&master, &replica]
+                .map(|node| FaultProxy::start(node.port()))
+                .into()
+        } else {
+            Vec::new()
+        };
+        for (node, proxy) in [&master, &replica].iter().zip(&proxies) {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("replica-announce-port")
+                .arg(proxy.port())
+                .query(&mut node.admin())
+                .unwrap();
+        }
+        if let Some(proxy) = proxies.first() {
+            // Again, through the proxy, and announcing the replica's proxy to the master.
+            let () = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(proxy.port())
+                .query(&mut replica.admin())
+                .unwrap();
+        }
+        let master_port = proxies.first().map_or(master.port(), FaultProxy::port);
         let name = Self::MASTER_NAME;
         let sentinel_auth = password
             .map(|p| format!("sentinel auth-pass {name} {p}"))
@@ -97,10 +130,10 @@ impl SentinelSet {
         let sentinel_opts = ServerOptions {
             config_lines: vec![
                 sentinel_auth,
-                format!("sentinel monitor {name} 127.0.0.1 {} 2", master.port()),
+                format!("sentinel monitor {name} 127.0.0.1 {master_port} 2"),
                 format!(
                     "sentinel down-after-milliseconds {name} {}",
-                    DOWN_AFTER.as_millis()
+                    opts.down_after.unwrap_or(DOWN_AFTER).as_millis()
                 ),
                 format!("sentinel failover-timeout {name} {FAILOVER_TIMEOUT_MS}"),
                 format!("sentinel parallel-syncs {name} 1"),
@@ -116,6 +149,7 @@ impl SentinelSet {
         let set = SentinelSet {
             data: vec![master, replica],
             sentinels,
+            proxies,
         };
         set.wait_ready(READY_TIMEOUT);
         set
@@ -168,13 +202,26 @@ impl SentinelSet {
         })
     }
 
+    /// The port the sentinels know `data[i]` by: its proxy's with
+    /// [`SentinelOptions::proxied`], else its own.
+    pub fn known_port(&self, i: usize) -> u16 {
+        self.proxies
+            .get(i)
+            .map_or_else(|| self.data[i].port(), FaultProxy::port)
+    }
+
+    /// The index in `data` of the node the sentinels know by `port` ([`known_port`](Self::known_port)).
+    pub fn index_of(&self, port: u16) -> Option<usize> {
+        (0..self.data.len()).find(|&i| self.known_port(i) == port)
+    }
+
     /// The data node the sentinels name as master.
     pub fn master(&self) -> &RedisServer {
         let port = self.master_port().expect("the sentinels name a master");
-        self.data
-            .iter()
-            .find(|n| n.port() == port)
-            .unwrap_or_else(|| panic!("the sentinels name an unknown master on port {port}"))
+        let i = self
+            .index_of(port)
+            .unwrap_or_else(|| panic!("the sentinels name an unknown master on port {port}"));
+        &self.data[i]
     }
 
     /// The data node that is not [`master`](Self::master).
@@ -206,7 +253,7 @@ impl SentinelSet {
                     .query::<Option<(String, u16)>>(&mut s.admin())
                     .is_ok_and(|a| a.is_some_and(|(_, p)| p == port))
             });
-            let node = self.data.iter().find(|n| n.port() == port)?;
+            let node = &self.data[self.index_of(port)?];
             (all && node.info("replication").contains("role:master")).then_some(())
         });
         assert!(
@@ -217,7 +264,7 @@ impl SentinelSet {
     }
 
     fn wait_ready(&self, timeout: Duration) {
-        let master = self.data[0].port();
+        let master = self.known_port(0);
         let ready = poll_until(timeout, Duration::from_millis(50), || {
             let sentinels_ready = self.sentinels.iter().all(|s| {
                 let info = s.info("sentinel");
