@@ -248,7 +248,8 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
         for found in fences(key, holds) {
             let documented = clock_went_back(&found, faults, bounds)
                 .or_else(|| failed_over(&found, faults))
-                .or_else(|| bare_quorum_drop(&found, faults, bounds.quorum));
+                .or_else(|| bare_quorum_drop(&found, faults, bounds.quorum))
+                .or_else(|| paused_before_return_drop(&found, faults, bounds));
             match documented {
                 Some(fault) => report.documented_fences.push((found, fault.clone())),
                 None => report.violations.push(found),
@@ -346,7 +347,7 @@ fn documented_by<'a>(overlap: &Overlap, faults: &'a [Fault], bounds: &Bounds) ->
     let during = |f: &Fault| f.start_ns < end && start < f.end_ns + bounds.ttl_ns;
     faults.iter().find(|f| {
         if f.kind == FaultKind::ClientPause {
-            return paused_holder(f, overlap, bounds);
+            return paused_holder(f, overlap, bounds) || paused_before_return(f, overlap, bounds);
         }
         (during(f) && f.is_documented_limit(bounds.quorum))
             || bare_quorum_overlap(f, overlap, faults, bounds.quorum)
@@ -375,6 +376,46 @@ fn paused_holder(pause: &Fault, overlap: &Overlap, bounds: &Bounds) -> bool {
                 && pause.start_ns < h.effective_end_ns()
                 && h.valid_ns < pause.end_ns
         })
+}
+
+/// Whether `pause` struck a holder of the overlap between its grant and the return of its
+/// acquire, past its validity: the same documented limit as [`paused_holder`], the pause only
+/// came a moment earlier. The pause began during the acquire and outlasted a ttl, and the
+/// holder was never told the lock was its own after the acquire returned: its first check found
+/// it lost (the library's deadline had passed). A waiter that takes something else for a grant
+/// after it resumes (a stale hand-off message) is told the lock is its own: that is not excused.
+fn paused_before_return(pause: &Fault, overlap: &Overlap, bounds: &Bounds) -> bool {
+    overlap
+        .holds
+        .iter()
+        .any(|h| returned_after_its_validity(pause, h, bounds))
+}
+
+/// See [`paused_before_return`]: `hold`'s worker was paused during its acquire past a ttl, and
+/// never told the lock was its own after the return.
+fn returned_after_its_validity(pause: &Fault, hold: &Op, bounds: &Bounds) -> bool {
+    pause.kind == FaultKind::ClientPause
+        && pause.end_ns.saturating_sub(pause.start_ns) > bounds.ttl_ns
+        && pause.pid == Some(hold.pid)
+        && hold.invoke_ns < pause.start_ns
+        && pause.end_ns <= hold.done_ns
+        && hold.valid_ns <= hold.hold_start_ns
+        && hold.lost_ns != 0
+}
+
+/// The pause of [`paused_before_return`] explains a token below an earlier hold's: the later
+/// hold was granted (on the servers) before its worker's pause, long before it returned.
+fn paused_before_return_drop<'a>(
+    found: &Violation,
+    faults: &'a [Fault],
+    bounds: &Bounds,
+) -> Option<&'a Fault> {
+    let Violation::FenceNotIncreasing { later, .. } = found else {
+        return None;
+    };
+    faults
+        .iter()
+        .find(|f| returned_after_its_validity(f, later, bounds))
 }
 
 /// Whether clock step `step` on a minority explains the overlap all the same, with one of its
@@ -561,7 +602,11 @@ fn fences(key: &str, holds: &[&Op]) -> Vec<Violation> {
                 largest = Some(done);
             }
         }
-        if let Some(earlier) = largest.filter(|l| l.fence_of(key) >= hold.fence_of(key)) {
+        // A hold that ended as it began (lost at its first check, nothing written) is among the
+        // ended ones: it is not compared with itself.
+        if let Some(earlier) =
+            largest.filter(|l| !std::ptr::eq(*l, hold) && l.fence_of(key) >= hold.fence_of(key))
+        {
             found.push(Violation::FenceNotIncreasing {
                 key: key.to_owned(),
                 earlier: earlier.clone(),
@@ -964,11 +1009,11 @@ mod tests {
     fn a_waiter_paused_across_a_release_excuses_no_overlap() {
         // Worker 3 asks for k at 100 ms and is paused from 200 to 2800 ms while it waits; worker
         // 2 is granted k at 1200 ms and holds it to 3000 ms; worker 3's acquire returns a grant
-        // at 2850 ms (a stale hand-off message taken as its grant), its first write refused,
-        // and it sees the loss at its first check.
+        // at 2850 ms (a stale hand-off message taken as its grant), is told at 2851 ms that the
+        // lock is its own, its first write is refused, and it sees the loss at 2853 ms.
         let mut waiter = hold(3, "k", 1, 2850, 2850);
         waiter.invoke_ns = 100 * MS;
-        waiter.valid_ns = 2850 * MS;
+        waiter.valid_ns = 2851 * MS;
         waiter.wrote_ns = 2852 * MS;
         waiter.lost_ns = 2853 * MS;
         waiter.release = Release::Lost;
@@ -991,6 +1036,52 @@ mod tests {
         assert_eq!(report.paused_waiter_overlaps, 1);
         // Its acquire overran its wait, which the pause does excuse.
         assert_eq!(report.paused_acquires, 1);
+    }
+
+    #[test]
+    fn a_holder_paused_between_its_grant_and_its_return_past_its_validity_is_documented() {
+        // Worker 3's acquire (from 100 ms) is granted, and the worker is paused from 200 to
+        // 2800 ms before the acquire returns (2850 ms); worker 2 is granted k once worker 3's
+        // key expired (1200 ms). Worker 3 is never told the lock is its own after the return:
+        // its first check finds it lost (2851 ms), its write is refused.
+        let mut late = hold(3, "k", 1, 2850, 2850);
+        late.invoke_ns = 100 * MS;
+        late.valid_ns = 2850 * MS;
+        late.wrote_ns = 2850 * MS;
+        late.lost_ns = 2851 * MS;
+        late.release = Release::Lost;
+        let ops = [hold(2, "k", 2, 1200, 3000), late.clone()];
+        let writes = [
+            write(2, 2, 1201, WriteResult::Accepted),
+            Write {
+                pid: 3,
+                fence: 1,
+                ..write(3, 1, 2850, WriteResult::Rejected)
+            },
+        ];
+        let report = check(&ops, &writes, &[pause(3, 200, 2800)], &bounds());
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.documented.len(), 1, "{:?}", report.documented);
+        // Its token below one granted (and let go) meanwhile: the same limit.
+        let ops_drop = [hold(2, "k", 2, 1200, 2000), late.clone()];
+        let report = check(&ops_drop, &writes, &[pause(3, 200, 2800)], &bounds());
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(
+            report.documented_fences.len(),
+            1,
+            "{:?}",
+            report.documented_fences
+        );
+        // Told the lock was its own after the return: a violation (the stale hand-off's shape).
+        let mut told = late;
+        told.valid_ns = 2851 * MS;
+        told.lost_ns = 2852 * MS;
+        let ops = [hold(2, "k", 2, 1200, 3000), told];
+        let report = check(&ops, &writes, &[pause(3, 200, 2800)], &bounds());
+        assert!(!report.violations.is_empty(), "{:?}", report.documented);
+        // A pause shorter than a ttl excuses nothing either.
+        let report = check(&ops[..1], &writes[..1], &[pause(3, 200, 500)], &bounds());
+        assert!(report.violations.is_empty());
     }
 
     #[test]
