@@ -498,6 +498,7 @@ mod wait;
 
 #[doc(hidden)]
 pub mod __private;
+pub mod fence;
 pub mod layout;
 
 /// What the library promises under each fault, and the test that proves it.
