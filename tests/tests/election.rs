@@ -324,6 +324,24 @@ async fn a_campaign_is_not_held_up_by_a_stale_copy_on_the_gate() {
     elected.resign().await.unwrap();
 }
 
+/// An election of a new name on `server` (prefix `prefix`) led from here, and a `queued_worker`
+/// child campaigning for it too (with `extra` arguments after `campaign`).
+async fn led_with_a_queued_campaigner(
+    server: &RedisServer,
+    prefix: &str,
+    extra: &[&str],
+) -> (lock_runtime::Election, lock_runtime::Leadership, Worker) {
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let name = unique_key(prefix);
+    let election = client.election(&name);
+    let leadership = election.campaign().await.unwrap();
+    let url = server.url();
+    let mut args = vec![url.as_str(), name.as_str(), "campaign"];
+    args.extend_from_slice(extra);
+    let worker = Worker::spawn(env!("CARGO_BIN_EXE_queued_worker"), &args);
+    (election, leadership, worker)
+}
+
 /// A campaigner waiting in a process that calls `shutdown()` and exits at once (the
 /// `queued_worker` child, which says `queued` once its campaign has a place in the election's
 /// line): `shutdown()` stops the campaign and takes the place back. The leader's resignation
@@ -333,15 +351,8 @@ async fn a_campaign_is_not_held_up_by_a_stale_copy_on_the_gate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaigner_that_shut_down_is_never_reported_leader() {
     let server = RedisServer::start();
-    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
-    let name = unique_key("election:shut-down");
-    let election = client.election(&name);
-    let leadership = election.campaign().await.unwrap();
-    let url = server.url();
-    let mut worker = Worker::spawn(
-        env!("CARGO_BIN_EXE_queued_worker"),
-        &[url.as_str(), &name, "campaign"],
-    );
+    let (election, leadership, mut worker) =
+        led_with_a_queued_campaigner(&server, "election:shut-down", &[]).await;
     let report = tokio::task::block_in_place(|| {
         assert_eq!(worker.next_line(STARTUP), "queued");
         let report = worker.next_line(STARTUP);
@@ -381,15 +392,8 @@ const PLACE_LEASE: Duration = Duration::from_secs(3);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_campaigner_is_reported_leader_no_longer_than_its_places_lease() {
     let server = RedisServer::start();
-    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
-    let name = unique_key("election:killed-in-line");
-    let election = client.election(&name);
-    let leadership = election.campaign().await.unwrap();
-    let url = server.url();
-    let mut worker = Worker::spawn(
-        env!("CARGO_BIN_EXE_queued_worker"),
-        &[url.as_str(), &name, "campaign", "stay"],
-    );
+    let (election, leadership, mut worker) =
+        led_with_a_queued_campaigner(&server, "election:killed-in-line", &["stay"]).await;
     let pid = worker.pid();
     tokio::task::block_in_place(|| {
         assert_eq!(worker.next_line(STARTUP), "queued");

@@ -52,6 +52,14 @@ async fn mapped(key: &str) -> Result<(), Refused> {
     Ok(())
 }
 
+/// `io_job(key)`, a sync locked call, on a thread where it may block.
+async fn blocking_io_job(key: &str) -> std::io::Result<()> {
+    let key = key.to_owned();
+    tokio::task::spawn_blocking(move || io_job(&key))
+        .await
+        .unwrap()
+}
+
 /// The handler's status and body for `key`.
 async fn get_job(key: &str) -> (http::StatusCode, String) {
     let app = axum::Router::new().route("/jobs/{key}", get(handler));
@@ -88,11 +96,7 @@ async fn lock_failures_arrive_as_each_services_error_type() {
 
     // Free: each succeeds.
     grpc_method(&key).await.unwrap();
-    let k = key.clone();
-    tokio::task::spawn_blocking(move || io_job(&k))
-        .await
-        .unwrap()
-        .unwrap();
+    blocking_io_job(&key).await.unwrap();
     assert_eq!(
         get_job(&key).await,
         (http::StatusCode::OK, "done".to_owned())
@@ -104,11 +108,7 @@ async fn lock_failures_arrive_as_each_services_error_type() {
     let status = grpc_method(&key).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
     assert!(status.message().contains(&key), "{status:?}");
-    let k = key.clone();
-    let err = tokio::task::spawn_blocking(move || io_job(&k))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = blocking_io_job(&key).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ResourceBusy, "{err:?}");
     assert!(inner(&err).is_contended(), "{err:?}");
     let (code, body) = get_job(&key).await;
@@ -123,11 +123,7 @@ async fn lock_failures_arrive_as_each_services_error_type() {
     let status = grpc_method(&key).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(status.message().contains(&key), "{status:?}");
-    let k = key.clone();
-    let err = tokio::task::spawn_blocking(move || io_job(&k))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = blocking_io_job(&key).await.unwrap_err();
     assert!(
         matches!(inner(&err), LockError::Unavailable { .. }),
         "{err:?}"
