@@ -55,8 +55,9 @@ async fn list_shows_held_locks_with_remaining_and_token_and_filters_by_pattern()
     );
     let cells = row(&all, &wallet).unwrap_or_else(|| panic!("{wallet} not listed: {all:?}"));
     assert!(cells[1].ends_with('s'), "remaining: {cells:?}");
-    let token = held.fencing_token().unwrap().to_string();
-    assert_eq!(cells[2], token);
+    // Redis keeps one fence counter per server, not a token per lock: nothing to show.
+    assert_eq!(held.fencing_token(), None);
+    assert_eq!(cells[2], "-");
     assert!(row(&all, &order).is_some(), "{all:?}");
 
     let filtered = lockctl(&["--url", &url, "list", "wallet:*"]);
@@ -151,12 +152,8 @@ async fn inspect_shows_remaining_and_token_and_exits_1_for_a_free_key() {
     assert_eq!(field(&out, "key"), Some(key.as_str()), "{out:?}");
     let remaining = field(&out, "remaining").unwrap_or_default();
     assert!(remaining.ends_with('s'), "{out:?}");
-    let token = guard.fencing_token().unwrap().to_string();
-    assert_eq!(
-        field(&out, "fencing token"),
-        Some(token.as_str()),
-        "{out:?}"
-    );
+    assert_eq!(guard.fencing_token(), None);
+    assert_eq!(field(&out, "fencing token"), Some("-"), "{out:?}");
     assert_a_free_key_exits_1(["--url", &url]);
 }
 
@@ -403,8 +400,7 @@ async fn json_outputs_parse() {
     let server = RedisServer::start();
     let locks = client(&server);
     let key = unique_key("wallet");
-    let guard = locks.lock(&key).ttl(TTL).acquire().await.unwrap();
-    let token = guard.fencing_token().unwrap();
+    let _guard = locks.lock(&key).ttl(TTL).acquire().await.unwrap();
     let url = server.url();
 
     let list = json(&lockctl(&["--url", &url, "--json", "list"]));
@@ -415,12 +411,12 @@ async fn json_outputs_parse() {
         .find(|l| l["key"] == key.as_str());
     let entry = entry.unwrap_or_else(|| panic!("{key} not in {list}"));
     assert_eq!(entry["held"], true);
-    assert_eq!(entry["fencing_token"], token);
+    assert_eq!(entry["fencing_token"], serde_json::Value::Null);
     assert!(entry["remaining_ms"].as_u64().unwrap() <= 30_000);
 
     let inspect = json(&lockctl(&["--url", &url, "--json", "inspect", &key]));
     assert_eq!(inspect["key"], key.as_str());
-    assert_eq!(inspect["fencing_token"], token);
+    assert_eq!(inspect["fencing_token"], serde_json::Value::Null);
     assert_eq!(inspect["holders"], 1);
 
     let free = lockctl(&["--url", &url, "--json", "inspect", "nobody"]);
@@ -565,7 +561,7 @@ async fn cluster_list_inspect_and_release_reach_every_master() {
     ]));
     assert_eq!(
         inspect["fencing_token"],
-        guards[3].fencing_token().unwrap(),
+        serde_json::Value::Null,
         "{inspect}"
     );
     let released = lockctl(&[
@@ -589,9 +585,9 @@ async fn cluster_list_inspect_and_release_reach_every_master() {
     }
 }
 
-/// Lock `name` held on `node` alone, written there directly as a grant would leave it (lock
-/// key with a time to live, fence counter).
-fn hold_on_one_node(node: &RedisServer, name: &str, fence: u64) {
+/// Lock `name` held on `node` alone, written there directly as a grant would leave it (a lock
+/// key with a time to live).
+fn hold_on_one_node(node: &RedisServer, name: &str) {
     let keys = lock_tests::lock_keys(name);
     let mut admin = node.admin();
     let () = redis::cmd("SET")
@@ -601,22 +597,17 @@ fn hold_on_one_node(node: &RedisServer, name: &str, fence: u64) {
         .arg(TTL.as_millis() as u64)
         .query(&mut admin)
         .unwrap();
-    let () = redis::cmd("SET")
-        .arg(&keys.fence)
-        .arg(fence)
-        .query(&mut admin)
-        .unwrap();
 }
 
 /// A key only 1 of 3 Redlock nodes holds is not a held lock (exit 1, as for a free key), but
 /// `inspect` says how many hold it and prints every node's view: held or not, the time to live
-/// and the fence there.
+/// and the fence there (none: Redis keeps no token per lock).
 #[tokio::test(flavor = "multi_thread")]
 async fn redlock_inspect_of_a_key_on_a_minority_prints_each_node_and_exits_1() {
     let masters = RedisMasters::start(3);
     let url = masters.urls().join(",");
     let key = unique_key("minority");
-    hold_on_one_node(&masters.nodes[1], &key, 7);
+    hold_on_one_node(&masters.nodes[1], &key);
     let names: Vec<String> = masters
         .nodes
         .iter()
@@ -637,7 +628,7 @@ async fn redlock_inspect_of_a_key_on_a_minority_prints_each_node_and_exits_1() {
     for (i, name) in names.iter().enumerate() {
         let cells = row(&human, name).unwrap_or_else(|| panic!("no line for {name}: {human:?}"));
         if i == 1 {
-            assert_eq!((cells[1], cells[3]), ("yes", "7"), "{human:?}");
+            assert_eq!((cells[1], cells[3]), ("yes", "-"), "{human:?}");
             assert!(cells[2].ends_with('s'), "remaining: {human:?}");
         } else {
             assert_eq!(cells[1..], ["no", "-", "-"], "{human:?}");

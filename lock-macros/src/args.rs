@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key = "..."` or `keys = ["...", ..]`, `ttl = "..."`, `wait = "..."`,
-//! `max_hold = "..."`, `min_hold = "..."`, `reentrant = bool`, `fair = bool`, `shared = bool`, `permits = N`,
+//! `max_hold = "..."`, `min_hold = "..."`, `reentrant = bool`, `fencing = bool`, `fair = bool`, `shared = bool`, `permits = N`,
 //! `guard = NAME`, `map_err = path`, `crate = "path"`. Each is checked on its own here, then against each other
 //! (`key` against `keys`, the lock kinds, `min_hold` against `max_hold` and the kinds); checks against the function live in `validate`.
 
@@ -12,8 +12,8 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::{ParseStream, Parser as _};
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Path, Result};
 
-const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `min_hold`, `reentrant`, `fair`, \
-                     `shared`, `permits`, `guard`, `map_err` and `crate`";
+const VALID: &str = "`key`, `keys`, `ttl`, `wait`, `max_hold`, `min_hold`, `reentrant`, \
+                     `fencing`, `fair`, `shared`, `permits`, `guard`, `map_err` and `crate`";
 
 const KEYS_EXAMPLE: &str = "keys = [\"wallet:<from>\", \"wallet:<to>\"]";
 
@@ -29,6 +29,8 @@ pub(crate) struct Args {
     pub(crate) min_hold: Option<Duration>,
     /// `None` when not given: the default, reentrant.
     pub(crate) reentrant: Option<bool>,
+    /// `None` when not given: the client's default (`LockConfig::fencing`).
+    pub(crate) fencing: Option<bool>,
     /// The lock's kind, from `fair = true`, `shared = true` and `permits = N`.
     pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
@@ -83,6 +85,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
     let mut max_hold = Arg::new("max_hold");
     let mut min_hold = Arg::new("min_hold");
     let mut reentrant = Arg::new("reentrant");
+    let mut fencing = Arg::new("fencing");
     let mut fair = Arg::new("fair");
     let mut shared = Arg::new("shared");
     let mut permits = Arg::new("permits");
@@ -116,6 +119,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
                 duration(input, Kind::MinHold).map(|d| (d, span))
             }),
             Some("reentrant") => reentrant.set_once(&meta, |input| boolean(input, "reentrant")),
+            Some("fencing") => fencing.set_once(&meta, |input| boolean(input, "fencing")),
             Some("fair") => fair.set_once(&meta, |input| spanned_boolean(input, "fair")),
             Some("shared") => shared.set_once(&meta, |input| spanned_boolean(input, "shared")),
             Some("permits") => permits.set_once(&meta, permit_count),
@@ -193,6 +197,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Args {
         max_hold: max_hold.value,
         min_hold: min_hold.value.map(|(d, _)| d),
         reentrant: reentrant.value,
+        fencing: fencing.value,
         guard: guard.value,
         map_err: map_err.value,
         krate: krate.value,
@@ -601,8 +606,8 @@ mod tests {
             errors,
             [
                 "unknown argument `timeout`; the arguments are `key`, `keys`, `ttl`, `wait`, \
-              `max_hold`, `min_hold`, `reentrant`, `fair`, `shared`, `permits`, `guard`, \
-              `map_err` and `crate`"
+              `max_hold`, `min_hold`, `reentrant`, `fencing`, `fair`, `shared`, `permits`, \
+              `guard`, `map_err` and `crate`"
             ]
         );
     }

@@ -48,6 +48,7 @@ pub(crate) fn locked_fn(locked: &Locked) -> TokenStream {
 /// let __lock_call = P::Call {
 ///     keys: ::std::vec![KEY(w:<from>), KEY(w:<to>)],   // in the order written; one for `key`
 ///     ttl: TTL, wait: WAIT, max_hold: MAX_HOLD, min_hold: MIN_HOLD, reentrant: true,
+///     fencing: None,                                 // Some(b) for `fencing = b`
 ///     mode: P::Mode::Exclusive,                      // the lock's kind
 ///     name: "w:<from>, w:<to>",                      // the templates: the tracing/metrics label
 /// };
@@ -89,6 +90,13 @@ fn locked_body(locked: &Locked) -> TokenStream {
     let max_hold = duration(locked.max_hold, private);
     let min_hold = duration(locked.min_hold, private);
     let reentrant = syn::LitBool::new(locked.reentrant, site);
+    let fencing = match locked.fencing {
+        Some(on) => {
+            let on = syn::LitBool::new(on, site);
+            quote_spanned!(site=> ::core::option::Option::Some(#on))
+        }
+        None => quote_spanned!(site=> ::core::option::Option::None),
+    };
     let mode = match locked.mode {
         Mode::Exclusive => quote_spanned!(site=> #private::Mode::Exclusive),
         Mode::Fair => quote_spanned!(site=> #private::Mode::Fair),
@@ -165,6 +173,7 @@ fn locked_body(locked: &Locked) -> TokenStream {
             max_hold: #max_hold,
             min_hold: #min_hold,
             reentrant: #reentrant,
+            fencing: #fencing,
             mode: #mode,
             name: #name,
         };
@@ -437,7 +446,8 @@ mod tests {
                  wait:::core::option::Option::Some(::lock_runtime::__private::Duration::new(5,0)),\
                  max_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(120,0)),\
                  min_hold:::core::option::Option::Some(::lock_runtime::__private::Duration::new(60,0)),\
-                 reentrant:false,mode:::lock_runtime::__private::Mode::Exclusive,\
+                 reentrant:false,fencing:::core::option::Option::None,\
+                 mode:::lock_runtime::__private::Mode::Exclusive,\
                  name:\"w:<to>,w:<from>\",}"
             ),
             "{out}"

@@ -89,6 +89,8 @@ pub(crate) struct Locked {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) reentrant: bool,
+    /// `fencing = ..`: `None` for the client's default.
+    pub(crate) fencing: Option<bool>,
     pub(crate) mode: Mode,
     pub(crate) guard: Option<Ident>,
     /// `map_err = path`: the conversion of a lock failure into the call's error type (else
@@ -119,6 +121,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
         max_hold,
         min_hold,
         reentrant,
+        fencing,
         mode,
         guard,
         map_err,
@@ -203,6 +206,7 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
             max_hold,
             min_hold,
             reentrant: reentrant.unwrap_or(true),
+            fencing,
             mode,
             guard,
             map_err,

@@ -63,6 +63,8 @@ pub struct Call {
     pub max_hold: Option<Duration>,
     pub min_hold: Option<Duration>,
     pub reentrant: bool,
+    /// `fencing = ..`: `None` for the client's default.
+    pub fencing: Option<bool>,
     pub mode: Mode,
     /// The key templates as written: the label of the lock's span and metrics.
     pub name: &'static str,
@@ -73,6 +75,9 @@ fn lock(call: Call) -> Lock {
         .reentrant(call.reentrant)
         .with_mode(call.mode)
         .name(call.name);
+    if let Some(fencing) = call.fencing {
+        lock = lock.fencing(fencing);
+    }
     if let Some(ttl) = call.ttl {
         lock = lock.ttl(ttl);
     }

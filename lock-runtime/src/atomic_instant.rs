@@ -25,10 +25,6 @@ impl AtomicInstant {
         *ORIGIN + Duration::from_nanos(self.0.load(Ordering::Acquire))
     }
 
-    pub(crate) fn store(&self, at: Instant) {
-        self.0.store(to_nanos(at), Ordering::Release);
-    }
-
     /// Moves it to `at` if that is later.
     pub(crate) fn fetch_max(&self, at: Instant) {
         self.0.fetch_max(to_nanos(at), Ordering::AcqRel);

@@ -150,7 +150,7 @@ impl Election {
             .wait(Duration::MAX)
             .reentrant(false)
             .name(LABEL)
-            .fenced();
+            .fencing(true);
         let lock = match self.ttl {
             Some(ttl) => lock.ttl(ttl),
             None => lock,

@@ -31,7 +31,10 @@ pub(crate) struct Engine {
     pub(crate) settings: Settings,
     /// Who this client is, recorded in every grant.
     identity: Identity,
+    /// Whether locks carry a fencing token unless they say otherwise.
     fencing: bool,
+    /// Whether every lock carries one (the backend's token costs nothing).
+    fencing_free: bool,
     /// The `backend` label.
     kind: BackendKind,
     pub(crate) runtime: Handle,
@@ -81,6 +84,7 @@ impl Engine {
             identity,
             settings,
             fencing: valid.fencing,
+            fencing_free: valid.fencing_free,
             kind,
             runtime,
             renewer,
@@ -92,6 +96,11 @@ impl Engine {
             background: TaskTracker::new(),
             shut_down: AtomicBool::new(false),
         }))
+    }
+
+    /// Whether every lock carries a fencing token, asked for or not (etcd, in memory).
+    pub(crate) fn fencing_free(&self) -> bool {
+        self.fencing_free
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Hold>>> {

@@ -17,9 +17,10 @@ pub struct LockInfo {
     /// How long the lock lives without a renewal: on one node its time to live, under Redlock
     /// the time until fewer than a majority of nodes hold it. `None` when the key has no expiry.
     pub remaining: Option<Duration>,
-    /// The key's fencing token counter: the token of the latest grant on one node; under Redlock
-    /// the largest counter over the nodes, at least the holder's token (a node outside the
-    /// granting majority may have counted further). `None` when no counter exists.
+    /// The holder's fencing token where the server keeps one per lock: etcd (the key's
+    /// revision) and in memory. `None` on Redis, which keeps one fence counter per server (per
+    /// slot on a Cluster), not a token per lock: the holder's token is its guard's
+    /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token)).
     pub fencing_token: Option<u64>,
     /// How many holders the lock has: 1 for an exclusive lock that is held, the live shares or
     /// permits of a shared lock or semaphore (under Redlock, as a majority of nodes count them).
@@ -44,7 +45,8 @@ pub struct NodeLockState {
     pub held: bool,
     /// The key's time to live on this node (`None`: not held, or no expiry).
     pub remaining: Option<Duration>,
-    /// The node's fence counter for the key.
+    /// The holder's fencing token as this node knows it (`None` on Redis: see
+    /// [`LockInfo::fencing_token`]).
     pub fencing_token: Option<u64>,
 }
 

@@ -20,7 +20,6 @@
 //! | kind | key | what it holds |
 //! |---|---|---|
 //! | [`Lock`](RedisKeyKind::Lock) | `lock:{wallet:42}` | an exclusive or fair lock: a string, the holder's token followed by its [`Owner`] record; a shared lock or semaphore: a sorted set of its holders' values scored by the expiry of their leases (server milliseconds), with a member `#shared` or `#permits=N` scored `+inf` and, while a writer waits for readers, `#w` |
-//! | [`Fence`](RedisKeyKind::Fence) | `lock:{wallet:42}:fence` | the fence counter: the latest grant's fencing token (an integer); it outlives the lock, and expires an hour after its name's last grant |
 //! | [`Released`](RedisKeyKind::Released) | `lock:{wallet:42}:released` | not a key: the pub/sub channel each release that frees the lock is announced on (an empty message, `PUBLISH`, or `SPUBLISH` on a Cluster); a release that hands the lock to a queued waiter tells it alone, on its own channel `lock:{wallet:42}:released{<16 hex digits of its token's SHA-1>}` |
 //! | [`Queue`](RedisKeyKind::Queue) | `lock:{wallet:42}:queue` | a fair lock's waiters: a sorted set of their tokens scored by arrival (server microseconds) |
 //! | [`QueueLeases`](RedisKeyKind::QueueLeases) | `lock:{wallet:42}:queue-leases` | the same waiters scored by the expiry of their entry's lease (server milliseconds) |
@@ -30,10 +29,15 @@
 //! back from a key. Every key of a lock carries one Redis Cluster hash tag, so they live in one
 //! slot:
 //! - a name without a hash tag is escaped (`%` as `%25`, `{` as `%7B`, `}` as `%7D`) and
-//!   becomes the tag: `lock:{wallet:42}`, `lock:{wallet:42}:fence`;
+//!   becomes the tag: `lock:{wallet:42}`, `lock:{wallet:42}:released`;
 //! - a name with a hash tag `{t}` keeps `t` as the tag, so names that share a tag share a slot,
-//!   and the escaped name follows an `=`: `{t}a` is `lock:{t}=%7Bt%7Da`, its fence
-//!   `lock:{t}:fence=%7Bt%7Da`.
+//!   and the escaped name follows an `=`: `{t}a` is `lock:{t}=%7Bt%7Da`, its release channel
+//!   `lock:{t}:released=%7Bt%7Da`.
+//!
+//! Fencing tokens (for locks that ask for them) count on one counter per server, not one per
+//! lock: [`redis_fence_key`] (`lock:fence`, an integer) on a single node, a Sentinel master and
+//! each Redlock node, and on a Cluster one per hash slot, in the slot of the locks it counts for
+//! ([`redis_cluster_fence_key`]: `lock:fence{<n>}`). No key of a lock outlives it.
 //!
 //! The first 32 bytes of a holder's value, and of each member of a lock's sorted sets, are the
 //! secret part of a token: whoever reads them can extend or release that holder's lock. The
@@ -87,7 +91,7 @@ pub use crate::backend::NodeHold;
 /// ```
 /// use lock_runtime::layout::{RedisKeyKind, redis_key};
 ///
-/// assert_eq!(redis_key("lock:", "wallet:42", RedisKeyKind::Fence), "lock:{wallet:42}:fence");
+/// assert_eq!(redis_key("lock:", "wallet:42", RedisKeyKind::Lock), "lock:{wallet:42}");
 /// // A name's own hash tag stays the tag: the keys of `{user:7}:*` locks share a slot.
 /// assert_eq!(
 ///     redis_key("lock:", "{user:7}:wallet", RedisKeyKind::Lock),
@@ -99,8 +103,8 @@ pub fn redis_key(prefix: &str, name: &str, kind: RedisKeyKind) -> String {
 }
 
 /// The name of the lock whose Redis key (or channel) of `kind` under `prefix` is `key`: the
-/// inverse of [`redis_key`]. `None` when `key` is no lock's key of that kind, such as the fence of
-/// a lock read as a lock key, or a key under another prefix.
+/// inverse of [`redis_key`]. `None` when `key` is no lock's key of that kind, such as a fence
+/// counter or a fair lock's queue read as a lock key, or a key under another prefix.
 ///
 /// This is how a tool that `SCAN`s for `lock:{*` keys (or `PSUBSCRIBE`s to `lock:{*`) tells lock
 /// keys (or release channels, a waiter's own included) from the rest and names their locks:
@@ -110,7 +114,8 @@ pub fn redis_key(prefix: &str, name: &str, kind: RedisKeyKind) -> String {
 ///
 /// let lock = |key: &str| redis_lock_name("lock:", key, RedisKeyKind::Lock);
 /// assert_eq!(lock("lock:{wallet:42}").as_deref(), Some("wallet:42"));
-/// assert_eq!(lock("lock:{wallet:42}:fence"), None);
+/// assert_eq!(lock("lock:{wallet:42}:queue"), None);
+/// assert_eq!(lock("lock:fence"), None);
 /// let released = |channel: &str| redis_lock_name("lock:", channel, RedisKeyKind::Released);
 /// assert_eq!(released("lock:{wallet:42}:released").as_deref(), Some("wallet:42"));
 /// // A queued waiter's own channel, which a release that hands it the lock publishes on.
@@ -123,9 +128,36 @@ pub fn redis_lock_name(prefix: &str, key: &str, kind: RedisKeyKind) -> Option<St
     crate::backend::lock_name_of(prefix, key, kind)
 }
 
+/// The fence counter of one Redis server under `prefix` (a single node, a Sentinel master, each
+/// Redlock node): every lock there that asks for a fencing token counts on it.
+///
+/// ```
+/// assert_eq!(lock_runtime::layout::redis_fence_key("lock:"), "lock:fence");
+/// ```
+pub fn redis_fence_key(prefix: &str) -> String {
+    crate::backend::server_fence_key(prefix)
+}
+
+/// The fence counter on a Redis Cluster that the lock `name` under `prefix` counts on: one per
+/// hash slot, in the slot of the lock's keys.
+///
+/// ```
+/// use lock_runtime::layout::{RedisKeyKind, redis_cluster_fence_key, redis_key};
+///
+/// // Locks that share a hash tag share a slot, and so a counter.
+/// assert_eq!(
+///     redis_cluster_fence_key("lock:", "{user:7}:a"),
+///     redis_cluster_fence_key("lock:", "{user:7}:b")
+/// );
+/// assert!(redis_cluster_fence_key("lock:", "wallet:42").starts_with("lock:fence{"));
+/// ```
+pub fn redis_cluster_fence_key(prefix: &str, name: &str) -> String {
+    crate::backend::slot_fence_key(prefix, name)
+}
+
 /// The call that reads what one Redis node holds of the lock `name` under `prefix`: the
 /// library's own inspect script (the one [`inspect`](crate::inspect) runs), with the lock's keys
-/// set (its lock key, fence counter and fair queue's leases, which share a slot). Read its reply
+/// set (its lock key and fair queue's leases, which share a slot). Read its reply
 /// with [`decode_redis_inspect`].
 ///
 /// A prepared [`redis::ScriptInvocation`] rather than the script, so that the keys cannot be

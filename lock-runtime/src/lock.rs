@@ -49,8 +49,8 @@ pub struct Lock {
     shared: bool,
     permits: Option<u32>,
     name: Option<Arc<str>>,
-    /// A fencing token whatever the config says (an election's epoch is its fencing token).
-    fenced: bool,
+    /// Whether to hand out a fencing token, over the config's default ([`Lock::fencing`]).
+    fencing: Option<bool>,
 }
 
 impl fmt::Debug for Lock {
@@ -66,6 +66,7 @@ impl fmt::Debug for Lock {
             .field("shared", &self.shared)
             .field("permits", &self.permits)
             .field("name", &self.name)
+            .field("fencing", &self.fencing)
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +97,7 @@ impl Lock {
             shared: false,
             permits: None,
             name: None,
-            fenced: false,
+            fencing: None,
         }
     }
 
@@ -105,9 +106,14 @@ impl Lock {
         self
     }
 
-    /// Asks for a fencing token even where the config turns fencing off (Redlock's default).
-    pub(crate) fn fenced(mut self) -> Self {
-        self.fenced = true;
+    /// Whether the guard carries a fencing token ([`LockGuard::fencing_token`]): a number that
+    /// grows with every grant of the key, for a resource that checks it ([`crate::fence`]).
+    /// Default: the config's ([`LockConfig::fencing`](crate::LockConfig::fencing), off unless
+    /// set). On Redis a token costs its grant a counter (two commands more in the acquire's one
+    /// call); etcd's revision and the in-memory counter cost nothing and are always handed out.
+    /// The attribute's `fencing = true` is this.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing = Some(enabled);
         self
     }
 
@@ -252,7 +258,9 @@ impl Lock {
             self.name,
             mode,
         )?;
-        req.fencing |= self.fenced;
+        if let Some(fencing) = self.fencing {
+            req.fencing = fencing || engine.fencing_free();
+        }
         if self.reentrant {
             match scope::find(engine.id(), &req.names) {
                 Held::Nothing => {}

@@ -44,10 +44,9 @@ pub use harness::server::{RedisMasters, RedisServer, ServerOptions, Stats};
 pub use harness::store::{LockStore, RedisStore, SHORT_TTL};
 pub use harness::tls::TestCa;
 pub use harness::util::{
-    CLEANUP_PAUSE, FENCE_LAG, LockKeys, QUICK_REQUEST, SCHEDULING_SLACK,
-    assert_lost_at_the_deadline, client, config_field, default_validity, free_port, lock_keys, ms,
-    queued, quick_client, unavailable_causes, unique_key, until_queued, wait_until,
-    wait_until_async,
+    CLEANUP_PAUSE, LockKeys, QUICK_REQUEST, SCHEDULING_SLACK, assert_lost_at_the_deadline, client,
+    config_field, default_validity, free_port, lock_keys, ms, queued, quick_client,
+    unavailable_causes, unique_key, until_queued, wait_until, wait_until_async,
 };
 #[cfg(feature = "etcd")]
 pub use harness::util::{ETCD_REQUEST, etcd_client};

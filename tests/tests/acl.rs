@@ -12,7 +12,7 @@ use lock_tests::{RedisServer, SCHEDULING_SLACK, ServerOptions, bounded};
 /// The least-privilege ACL user DEPLOYING.md documents: its scripts, pub/sub on its channels, keys
 /// and channels under its prefix.
 const ACL_RULE: &str = "user locker on >lockpw resetkeys ~lock:* resetchannels &lock:* -@all \
-     +evalsha +eval +script|load +subscribe +unsubscribe +ping +select +multi +exec \
+     +evalsha +eval +script|load +subscribe +unsubscribe +ping +select \
      +set +get +del +incr +pexpire +pttl +publish +time +type +exists +zadd +zrem +zscore +zcard \
      +zcount +zrange +zrangebyscore +zremrangebyscore";
 
@@ -39,24 +39,6 @@ fn fixture() -> behaviour::Fx {
 
 behaviour_tests!(fixture());
 kind_tests!(fixture());
-
-/// The rule as documented before plain locks were taken with MULTI/EXEC: the server refuses the
-/// transaction (and runs its commands on their own), and the client takes the script instead.
-mod without_transactions {
-    use super::{ACL_RULE, behaviour, fixture_with};
-    use crate::behaviour_tests;
-
-    behaviour_tests!(fixture_with(&ACL_RULE.replace(" +multi +exec", "")));
-}
-
-/// MULTI allowed but not EXEC: the server discards the transaction at the refused EXEC, and the
-/// client takes the script instead.
-mod without_exec {
-    use super::{ACL_RULE, behaviour, fixture_with};
-    use crate::behaviour_tests;
-
-    behaviour_tests!(fixture_with(&ACL_RULE.replace(" +exec", "")));
-}
 
 /// A key prefix the ACL does not cover: `Unavailable` with `Permission` at once, within one
 /// request timeout (connect 1 s + response 500 ms, the defaults) + slack, although the call may
@@ -92,32 +74,6 @@ async fn a_prefix_outside_the_acl_is_a_permission_error() {
         server.info("errorstats").contains("errorstat_NOPERM"),
         "the server never refused a lock command: the denial came from elsewhere"
     );
-}
-
-/// How many MULTIs reached the server, run or refused.
-fn transactions_tried(server: &RedisServer) -> u64 {
-    server.command_calls("multi") + server.command_stat("multi", "rejected_calls")
-}
-
-/// Where the ACL refuses MULTI or EXEC, a client tries one transaction, then takes the script for
-/// good (it does not pay a refused transaction on every attempt); every lock still works.
-#[tokio::test]
-async fn a_refused_transaction_is_tried_once() {
-    for missing in [" +multi", " +exec"] {
-        let server = server_with(&ACL_RULE.replace(missing, ""));
-        let client =
-            LockClient::new(LockConfig::single(server.url_as("locker", "lockpw"))).unwrap();
-        let key = lock_tests::unique_key("acl:refused");
-        let mut last = 0;
-        for _ in 0..5 {
-            let guard = client.lock(&key).acquire().await.unwrap();
-            let fence = guard.fencing_token().unwrap();
-            assert!(fence > last, "without{missing}: fence {fence} after {last}");
-            last = fence;
-            guard.release().await.unwrap();
-        }
-        assert_eq!(transactions_tried(&server), 1, "without{missing}");
-    }
 }
 
 /// How many script runs failed for another reason than a script the server did not have (a

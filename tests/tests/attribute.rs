@@ -22,7 +22,7 @@ async fn quick(id: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-#[distributed_lock(key = "attr:<id>", ttl = "500ms", guard = lock)]
+#[distributed_lock(key = "attr:<id>", ttl = "500ms", fencing = true, guard = lock)]
 async fn long_async(id: &str, hold: Duration) -> Result<u64, LockError> {
     tokio::time::sleep(hold).await;
     Ok(lock.fencing_token().unwrap_or(0))

@@ -60,7 +60,7 @@ async fn token(locks: &LockClient, key: &str) -> u64 {
 async fn server_clock_steps_and_fencing_tokens_a_lost_counter_after_a_step_back_is_a_documented_limit()
  {
     let (clock, server) = server_under_a_fake_clock();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("clock:fence");
     let fence = lock_keys(&key).fence;
 
@@ -124,8 +124,8 @@ async fn server_clock_steps_and_fencing_tokens_a_lost_counter_after_a_step_back_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_server_clock_step_ends_held_locks_early_documented_limit() {
     let (clock, server) = server_under_a_fake_clock();
-    let holder = client(LockConfig::single(server.url()));
-    let other = client(LockConfig::single(server.url()));
+    let holder = client(LockConfig::single(server.url()).fencing(true));
+    let other = client(LockConfig::single(server.url()).fencing(true));
     let ttl = Duration::from_secs(3);
     let cases: [(Kind, Kind); 3] = [
         (Kind::Exclusive, Kind::Exclusive),
@@ -186,7 +186,7 @@ async fn a_forward_server_clock_step_ends_held_locks_early_documented_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backward_server_clock_step_delays_a_dead_holders_expiry_documented_limit() {
     let (clock, server) = server_under_a_fake_clock();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let ttl = Duration::from_secs(1);
     for kind in [Kind::Exclusive, Kind::Permits(1)] {
         step(&clock, &server, 0);

@@ -1,7 +1,8 @@
-//! Fencing tokens on one Redis node when the fence counter is lost (deleted, evicted by
-//! `allkeys-lru`, gone with a restart without persistence, recreated by refused transactions) or
-//! not a number, and across same-token retries: every grant carries a token, larger than every
-//! token before, or is refused.
+//! Fencing tokens on one Redis node when the fence counter (one per server) is lost (deleted,
+//! evicted by `allkeys-lru`, gone with a restart without persistence, recreated by refused
+//! attempts) or not a number, and across same-token retries: every grant that asks for a token
+//! carries one, larger than every token of its key before, or is refused. What a token costs,
+//! and that no key of a lock outlives it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockConfig, LockError};
 use lock_tests::{
-    FENCE_LAG, FaultProxy, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, client, eventually,
-    key_exists, lock_keys, ms, unique_key, warm_up,
+    FaultProxy, KeyEvents, RedisServer, SCHEDULING_SLACK, bounded, client, eventually, key_exists,
+    lock_keys, ms, unique_key, warm_up,
 };
 
 /// Deletes the fence counter of `key`, as an eviction or a restart without data would.
@@ -24,7 +25,7 @@ fn forget_fence(server: &RedisServer, key: &str) {
 #[tokio::test]
 async fn fencing_tokens_grow_after_the_counter_is_deleted() {
     let server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("life:fence-deleted");
     let mut last = 0;
     for round in 0..4 {
@@ -37,9 +38,6 @@ async fn fencing_tokens_grow_after_the_counter_is_deleted() {
         guard.release().await.unwrap();
         forget_fence(&server, &key);
     }
-    // Every round took the transaction, whose `INCR` found no counter, and raised the token to
-    // the clock: round 1 as a name new to a client that had no clock reading to seed it from yet.
-    assert_eq!(server.command_calls("multi"), 4);
 }
 
 /// Without a fence (`fencing(false)`, and Redlock's default) nothing ties a grant to a counter:
@@ -73,63 +71,53 @@ async fn without_a_fence_a_lock_is_asked_for_without_a_transaction() {
     assert!(!key_exists(&server, &lock_keys(&key).lock), "not released");
 }
 
-/// A name new to a client that has read the server's clock (on another name) is taken in one
-/// transaction that seeds its counter at that clock: no script, and a token above every token
-/// the name had before its counter was lost.
+/// A fenced grant of one key is one script call of `SET NX PX GET`, `INCR` and `TIME` (and a
+/// `SET` raising the counter to the clock, here once: the counter starts missing); every name
+/// counts on the server's one counter, whose last count is the last token.
 #[tokio::test]
-async fn a_name_new_to_the_client_is_seeded_in_one_transaction() {
+async fn a_fenced_grant_costs_one_call_on_the_servers_one_counter() {
     let server = RedisServer::start();
-    let [before, after] = [(); 2].map(|()| client(LockConfig::single(server.url())));
-    let key = unique_key("life:fence-seeded");
-    let guard = before.lock(&key).acquire().await.unwrap();
-    let earlier = guard.fencing_token().unwrap();
-    guard.release().await.unwrap();
-    forget_fence(&server, &key);
-    let reading = after
-        .lock(unique_key("life:fence-clock"))
-        .acquire()
-        .await
-        .unwrap();
-    reading.release().await.unwrap();
-    let (scripts, transactions) = (
-        server.command_calls("evalsha"),
-        server.command_calls("multi"),
+    let locks = client(LockConfig::single(server.url()).fencing(true));
+    warm_up(&locks).await;
+    let stats = server.stats();
+    let mut last = 0;
+    for i in 0..10 {
+        let guard = locks
+            .lock(unique_key(&format!("life:fence-cost{i}")))
+            .acquire();
+        let guard = guard.await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(token > last, "name {i}: token {token} after {last}");
+        last = token;
+        let counter: u64 = redis::cmd("GET")
+            .arg(lock_keys("any").fence)
+            .query(&mut server.admin())
+            .unwrap();
+        assert_eq!(counter, token, "the server's counter is not the last token");
+        guard.release().await.unwrap();
+    }
+    let after = server.stats();
+    let grants = |command: &str| after.command(command, "calls") - stats.command(command, "calls");
+    assert_eq!(grants("incr"), 10, "one count per grant");
+    assert_eq!(grants("time"), 10, "one clock reading per grant");
+    assert!(
+        grants("set") <= 10 + 1,
+        "SET NX per grant, at most one raise"
     );
-    let guard = after.lock(&key).acquire().await.unwrap();
-    let token = guard.fencing_token().unwrap();
-    assert_eq!(
-        (
-            server.command_calls("evalsha") - scripts,
-            server.command_calls("multi") - transactions
-        ),
-        (0, 1),
-        "not one transaction alone"
-    );
-    assert!(token > earlier, "token {token} not above {earlier}");
-    let counter: u64 = redis::cmd("GET")
-        .arg(lock_keys(&key).fence)
-        .query(&mut server.admin())
-        .unwrap();
-    assert_eq!(counter, token, "the counter is not the token");
-    guard.release().await.unwrap();
+    assert_eq!(grants("multi"), 0, "no transaction");
 }
 
-/// A plain lock's attempt is a transaction that counts the fence on even when it is refused the
-/// lock. With the counter lost, refused attempts leave a small count behind, and the next grant
-/// (here by a client new to the name, with no clock reading to seed it from: its transaction
-/// finds the small count) must still raise it to the clock.
+/// A fenced attempt counts the fence on before it asks for the lock, even when it is refused.
+/// With the counter lost, refused attempts leave a small count behind, and the next grant must
+/// still raise it to the clock.
 #[tokio::test]
-async fn refused_transactions_leave_no_unseeded_counter_behind() {
+async fn refused_attempts_leave_no_counter_below_the_clock_behind() {
     let server = RedisServer::start();
-    let [a, b, c] = [(); 3].map(|()| client(LockConfig::single(server.url())));
+    let [a, b, c] = [(); 3].map(|()| client(LockConfig::single(server.url()).fencing(true)));
     let key = unique_key("life:fence-refused");
-    // `a` learns that the name has a counter, so its next attempts take the transaction.
-    let guard = a.lock(&key).acquire().await.unwrap();
-    guard.release().await.unwrap();
     let held = b.lock(&key).acquire().await.unwrap();
     let before = held.fencing_token().unwrap();
     forget_fence(&server, &key);
-    let transactions = server.command_calls("multi");
     for _ in 0..3 {
         let refused = a.lock(&key).acquire().await;
         assert!(
@@ -137,11 +125,6 @@ async fn refused_transactions_leave_no_unseeded_counter_behind() {
             "{refused:?}"
         );
     }
-    assert_eq!(
-        server.command_calls("multi") - transactions,
-        3,
-        "a's attempts were transactions"
-    );
     let count: i64 = redis::cmd("GET")
         .arg(lock_keys(&key).fence)
         .query(&mut server.admin())
@@ -157,14 +140,14 @@ async fn refused_transactions_leave_no_unseeded_counter_behind() {
     assert!(token > before, "token {token} not above {before}");
 }
 
-/// A fair lock handed to its waiter by the holder's release counts the fence on by the rule of
-/// every grant. With the counter lost and recreated meanwhile by the `INCR`s of refused
-/// transactions (written here as those `INCR`s), the hand-off announced that small count, and
-/// the waiter took it without asking: a token far below the holder's.
+/// A fair lock handed to its waiter by the holder's release: the waiter that wants a token asks
+/// the server for it, which counts it on by the rule of every grant. With the counter lost and
+/// recreated meanwhile by the `INCR`s of refused attempts (written here as those `INCR`s), a
+/// hand-off that announced that small count gave the waiter a token far below the holder's.
 #[tokio::test]
 async fn a_fair_hand_off_after_the_counter_was_recreated_has_a_larger_token() {
     let server = RedisServer::start();
-    let [a, b] = [(); 2].map(|()| client(LockConfig::single(server.url())));
+    let [a, b] = [(); 2].map(|()| client(LockConfig::single(server.url()).fencing(true)));
     let key = unique_key("life:fence-hand-off");
     let held = a.lock(&key).fair(true).acquire().await.unwrap();
     let before = held.fencing_token().unwrap();
@@ -195,57 +178,33 @@ async fn a_fair_hand_off_after_the_counter_was_recreated_has_a_larger_token() {
     assert!(token > before, "hand-off token {token} not above {before}");
 }
 
-/// A fence counter that is not a number gives no fencing token, so no lock: on each path, the
-/// transaction that counts on (a client that took the name a moment ago), the one that seeds (a
-/// client new to the name that has read the clock) and the script (a client that took the name
-/// longer than the fence lag ago), the acquire fails as unavailable and leaves no lock behind;
-/// once the counter is gone the name works again.
+/// A fence counter that is not a number gives no fencing token, so no lock: the acquire fails as
+/// unavailable and leaves no lock behind (the count comes before the lock is written); once the
+/// counter is gone the name works again.
 #[tokio::test]
 async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
     let server = RedisServer::start();
-    let [seen, seeded, stale] = [(); 3].map(|()| client(LockConfig::single(server.url())));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("life:fence-garbage");
-    let guard = stale.lock(&key).acquire().await.unwrap();
-    guard.release().await.unwrap();
-    // What makes its next attempt the script: its grant is older than the lag.
-    tokio::time::sleep(FENCE_LAG).await;
-    let guard = seen.lock(&key).acquire().await.unwrap();
-    guard.release().await.unwrap();
-    let guard = seeded
-        .lock(unique_key("life:fence-garbage-clock"))
-        .acquire()
-        .await
-        .unwrap();
+    let guard = locks.lock(&key).acquire().await.unwrap();
     guard.release().await.unwrap();
     let () = redis::cmd("SET")
         .arg(lock_keys(&key).fence)
         .arg("not a number")
         .query(&mut server.admin())
         .unwrap();
-    let transactions = server.command_calls("multi");
-    for (who, locks) in [
-        ("transaction", &seen),
-        ("seeded transaction", &seeded),
-        ("script", &stale),
-    ] {
-        match locks.lock(&key).acquire().await {
-            Err(LockError::Unavailable { causes, .. }) => {
-                assert_eq!(causes[0].kind, FailureKind::Response, "{who}: {causes:?}");
-            }
-            other => panic!("{who}: expected unavailable, got {other:?}"),
+    match locks.lock(&key).acquire().await {
+        Err(LockError::Unavailable { causes, .. }) => {
+            assert_eq!(causes[0].kind, FailureKind::Response, "{causes:?}");
         }
-        assert!(
-            !key_exists(&server, &lock_keys(&key).lock),
-            "{who}: a lock without a fence was left behind"
-        );
+        other => panic!("expected unavailable, got {other:?}"),
     }
-    assert_eq!(
-        server.command_calls("multi") - transactions,
-        2,
-        "the first two tries were transactions"
+    assert!(
+        !key_exists(&server, &lock_keys(&key).lock),
+        "a lock without a fence was left behind"
     );
     forget_fence(&server, &key);
-    let guard = seen.lock(&key).acquire().await.unwrap();
+    let guard = locks.lock(&key).acquire().await.unwrap();
     assert!(guard.fencing_token().is_some());
     guard.release().await.unwrap();
 }
@@ -256,7 +215,11 @@ async fn a_fence_counter_that_is_not_a_number_grants_nothing() {
 async fn a_same_token_retry_after_the_counter_is_gone_still_has_a_token() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let locks = client(LockConfig::single(proxy.url()).response_timeout(ms(200)));
+    let locks = client(
+        LockConfig::single(proxy.url())
+            .fencing(true)
+            .response_timeout(ms(200)),
+    );
     let key = unique_key("life:fence-retry");
     let before = {
         let guard = locks.lock(&key).acquire().await.unwrap();
@@ -301,7 +264,7 @@ async fn a_same_token_retry_after_the_counter_is_gone_still_has_a_token() {
 async fn fencing_tokens_grow_when_allkeys_lru_evicts_the_counter() {
     let server = RedisServer::start();
     let mut admin = server.admin();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("life:fence-lru");
     let used: String = redis::cmd("INFO").arg("memory").query(&mut admin).unwrap();
     let used: u64 = used
@@ -376,6 +339,7 @@ async fn a_same_token_retry_long_after_its_lost_grant_gets_a_token_at_the_clock(
     let timeout = Duration::from_millis(200);
     let locks = client(
         LockConfig::single(proxy.url())
+            .fencing(true)
             .connect_timeout(timeout)
             .response_timeout(timeout),
     );
@@ -432,7 +396,7 @@ async fn a_same_token_retry_long_after_its_lost_grant_gets_a_token_at_the_clock(
 #[tokio::test]
 async fn fencing_tokens_keep_growing_across_a_restart_without_persistence() {
     let mut server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("faults:fence-restart");
     let mut before = 0;
     for _ in 0..3 {
@@ -460,78 +424,22 @@ async fn fencing_tokens_keep_growing_across_a_restart_without_persistence() {
     guard.release().await.unwrap();
 }
 
-/// How long a fence counter lives after its name's last grant (DEPLOYING.md).
-const COUNTER_IDLE: Duration = Duration::from_secs(3600);
-
-/// The time `key`'s fence counter has left, checked against the hour its last grant (asked at
-/// `asked`) gave it: no less than the hour less the time since the ask, never more.
-fn assert_counter_lives_an_hour(server: &RedisServer, key: &str, asked: Instant, path: &str) {
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(lock_keys(key).fence)
-        .query(&mut server.admin())
-        .unwrap();
-    let left = u64::try_from(pttl)
-        .map(Duration::from_millis)
-        .unwrap_or_else(|_| panic!("{path}: the counter has no expiry (PTTL {pttl})"));
-    assert!(
-        left <= COUNTER_IDLE && left + asked.elapsed() + ms(1) >= COUNTER_IDLE,
-        "{path}: the counter lives {left:?}, not an hour from its grant"
-    );
-}
-
-/// A fence counter is not kept forever: every path that grants a token leaves its counter an
-/// hour to live, counted from that grant (a name used once, as a lock per request or per user
-/// is, leaves nothing behind after the hour). Its next grant after that starts from the clock,
-/// as after a deletion (`fencing_tokens_grow_after_the_counter_is_deleted`).
+/// No key of a lock outlives it: 200 names locked and released, half of them with a fencing
+/// token, leave one key behind, the server's fence counter (the per-name counters of before
+/// kept 200 keys for an hour).
 #[tokio::test]
-async fn every_grant_leaves_its_fence_counter_an_hour_to_live() {
+async fn no_key_of_a_released_lock_stays_but_the_servers_counter() {
     let server = RedisServer::start();
     let locks = client(LockConfig::single(server.url()));
-    // A reading of the server's clock: the next new name is seeded in the transaction.
-    warm_up(&locks).await;
-    let key = unique_key("life:fence-idle");
-    let grant = |lock: lock_runtime::Lock| async move {
-        let asked = Instant::now();
-        let guard = lock.acquire().await.unwrap();
-        assert!(guard.fencing_token().is_some_and(|t| t > 0));
+    for i in 0..200 {
+        let guard = locks
+            .lock(unique_key(&format!("life:fence-left{i}")))
+            .fencing(i % 2 == 0)
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(guard.fencing_token().is_some(), i % 2 == 0, "name {i}");
         guard.release().await.unwrap();
-        asked
-    };
-    let transactions = server.command_calls("multi");
-    let asked = grant(locks.lock(&key)).await;
-    assert_counter_lives_an_hour(&server, &key, asked, "a new name's seeding transaction");
-    // Nearly run out: the next grant (counting on, in the transaction) gives it the hour again.
-    let () = redis::cmd("PEXPIRE")
-        .arg(lock_keys(&key).fence)
-        .arg(5_000)
-        .query(&mut server.admin())
-        .unwrap();
-    let asked = grant(locks.lock(&key)).await;
-    assert_counter_lives_an_hour(&server, &key, asked, "the counting transaction");
-    assert_eq!(server.command_calls("multi"), transactions + 2);
-    // Far behind the clock, without expiry: the transaction's token is raised by the script.
-    let () = redis::cmd("SET")
-        .arg(lock_keys(&key).fence)
-        .arg(1)
-        .query(&mut server.admin())
-        .unwrap();
-    let scripts = server.command_calls("evalsha");
-    let asked = grant(locks.lock(&key)).await;
-    // The raise ran: the transaction, then the script (and the release's).
-    assert_eq!(server.command_calls("multi"), transactions + 3);
-    assert_eq!(
-        server.command_calls("evalsha"),
-        scripts + 2,
-        "no raise to the clock"
-    );
-    assert_counter_lives_an_hour(&server, &key, asked, "the raise to the clock");
-    // The scripts' own grants.
-    let (fair, permits) = (
-        unique_key("life:fence-idle-fair"),
-        unique_key("life:fence-idle-permits"),
-    );
-    let asked = grant(locks.lock(&fair).fair(true)).await;
-    assert_counter_lives_an_hour(&server, &fair, asked, "a fair lock");
-    let asked = grant(locks.lock(&permits).permits(3)).await;
-    assert_counter_lives_an_hour(&server, &permits, asked, "a permit");
+    }
+    assert_eq!(server.keys("*"), [lock_keys("any").fence]);
 }

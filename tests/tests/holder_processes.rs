@@ -44,7 +44,7 @@ fn start(server: &RedisServer, key: &str, go: &std::path::Path, mode: &str) -> (
 /// returns what it printed after the resume (`go`: whether to let its body finish by itself).
 async fn pause_past_the_ttl(mode: &str, go: bool) -> Vec<String> {
     let server = RedisServer::start();
-    let locks = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let locks = LockClient::new(LockConfig::single(server.url()).fencing(true)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let go_file = dir.path().join("go");
     let key = unique_key(&format!("pauses:{mode}"));
@@ -166,7 +166,7 @@ async fn killed_holder_process_frees_the_lock_after_its_ttl_not_before() {
     holder.kill();
     let killed = Instant::now();
 
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let err = locks
         .lock(&key)
         .ttl(ttl)
@@ -241,7 +241,7 @@ fn send(holder: &Worker, signal: Signal) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_or_killed_holder_process_is_superseded_with_a_larger_token() {
     let server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let ttl = Duration::from_secs(1);
     for sig in [Signal::SIGSTOP, Signal::SIGKILL] {
         let key = unique_key("table:stale-holder");

@@ -44,10 +44,11 @@ async fn unknown_outcome_leaves_no_orphan(callers_own: bool) {
     let (connect, response) = (Duration::from_millis(200), Duration::from_millis(200));
     let locks = client(
         LockConfig::single(proxy.url())
+            .fencing(true)
             .connect_timeout(connect)
             .response_timeout(response),
     );
-    let direct = client(LockConfig::single(server.url()));
+    let direct = client(LockConfig::single(server.url()).fencing(true));
     let key = unique_key("faults:unknown");
     let lock = lock_keys(&key).lock;
     let ttl = Duration::from_secs(30);
@@ -152,6 +153,7 @@ async fn a_reply_past_validity_is_never_success_on_a_single_node() {
     let timeouts = |t: Duration| {
         client(
             LockConfig::single(proxy.url())
+                .fencing(true)
                 .connect_timeout(t)
                 .response_timeout(t),
         )
@@ -219,6 +221,7 @@ async fn a_stale_acquire_after_a_reconnect_leaves_no_orphan() {
     let (connect, response) = (ms(200), ms(200));
     let locks = client(
         LockConfig::single(proxy.url())
+            .fencing(true)
             .connect_timeout(connect)
             .response_timeout(response),
     );

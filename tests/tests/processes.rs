@@ -85,8 +85,8 @@ async fn fencing_tokens_strictly_increase_across_1000_grants() {
     let server = RedisServer::start();
     // Two clients taking turns: the counter lives in Redis, not in one client.
     let clients = [
-        LockClient::new(LockConfig::single(server.url())).unwrap(),
-        LockClient::new(LockConfig::single(server.url())).unwrap(),
+        LockClient::new(LockConfig::single(server.url()).fencing(true)).unwrap(),
+        LockClient::new(LockConfig::single(server.url()).fencing(true)).unwrap(),
     ];
     let key = unique_key("processes:fence");
     let started = Instant::now();
@@ -144,7 +144,7 @@ async fn another_process_sees_which_processes_hold_a_lock() {
     let readers = [holder(&shared, "read"), holder(&shared, "read")];
     let writer = holder(&exclusive, "write");
     let granted = std::time::SystemTime::now();
-    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let client = LockClient::new(LockConfig::single(server.url()).fencing(true)).unwrap();
 
     let info = client.inspect(&shared).await.unwrap().expect("held");
     let mut pids: Vec<u32> = info.owners.iter().map(|o| o.pid).collect();

@@ -86,6 +86,7 @@ async fn sentinel_password_in_the_urls_authenticates_to_the_sentinels() {
     let urls = set.sentinel_urls();
     assert!(urls.iter().all(|url| url.contains(SENTINEL_PASSWORD)));
     let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, urls.clone())
+        .fencing(true)
         .master_auth("", MASTER_PASSWORD);
     no_password_in(&format!("{config:?}"));
     let client = LockClient::new(config).unwrap();

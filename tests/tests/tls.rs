@@ -132,7 +132,7 @@ async fn plain_url_is_unavailable(backend: LockConfig) {
 async fn tls_single_node_lock_works() {
     let server = tls_server();
     lock_works(
-        LockConfig::single(server.url()),
+        LockConfig::single(server.url()).fencing(true),
         Duration::from_millis(500),
         |key| server.subscribers(&lock_keys(key).channel) > 0,
     )
@@ -142,7 +142,7 @@ async fn tls_single_node_lock_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_single_node_untrusted_ca_is_unavailable() {
     let server = tls_server();
-    untrusted_ca_is_unavailable(LockConfig::single(server.url())).await;
+    untrusted_ca_is_unavailable(LockConfig::single(server.url()).fencing(true)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +162,7 @@ async fn tls_single_node_client_certificate_is_presented() {
         extra_args: vec!["--tls-auth-clients".into(), "yes".into()],
         ..ServerOptions::default()
     });
-    let trusting = config(LockConfig::single(server.url())).tls_root_ca(ca.ca_pem());
+    let trusting = config(LockConfig::single(server.url()).fencing(true)).tls_root_ca(ca.ca_pem());
     unavailable(trusting.clone()).await;
     let client =
         LockClient::new(trusting.tls_client_cert(ca.client_cert_pem(), ca.client_key_pem()))
@@ -201,7 +201,7 @@ async fn tls_redlock_lock_works() {
 async fn tls_cluster_lock_works() {
     let cluster = RedisCluster::shared_tls();
     lock_works(
-        LockConfig::cluster(cluster.urls()),
+        LockConfig::cluster(cluster.urls()).fencing(true),
         Duration::from_millis(500),
         |key| cluster.subscribers(&lock_keys(key).channel) > 0,
     )

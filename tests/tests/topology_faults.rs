@@ -141,7 +141,7 @@ async fn resharding_the_slot_in_use_keeps_exclusion_and_held_locks() {
         keys.iter()
             .all(|k| cluster.slot_of(&lock_keys(k).lock) == slot)
     );
-    let client = LockClient::new(LockConfig::cluster(cluster.urls())).unwrap();
+    let client = LockClient::new(LockConfig::cluster(cluster.urls()).fencing(true)).unwrap();
     let held = client
         .lock(&long)
         .ttl(Duration::from_secs(1))
@@ -214,7 +214,9 @@ fn failover_case(name: &str) -> (RedisCluster, String, u16, LockConfig) {
     let cluster = RedisCluster::start();
     let key = unique_key(name);
     let master = cluster.master_of(&lock_keys(&key).lock).port();
-    let config = LockConfig::cluster(cluster.urls()).default_ttl(Duration::from_secs(15));
+    let config = LockConfig::cluster(cluster.urls())
+        .fencing(true)
+        .default_ttl(Duration::from_secs(15));
     (cluster, key, master, config)
 }
 
@@ -246,7 +248,8 @@ async fn a_killed_master_without_min_replicas_opens_a_double_grant_window() {
     let replicated_fence = replicated.fencing_token().unwrap();
     replicated.release().await.unwrap();
     let master_node = &cluster.nodes[cluster.index_of(master)];
-    await_fence_on(cluster.replica_of(master_node), &key, replicated_fence).await;
+    let counter = lock_keys(&key).slot_fence;
+    await_fence_on(cluster.replica_of(master_node), &counter, replicated_fence).await;
 
     let replica = cut_off_replica(&cluster, master);
     let asked = Instant::now();
@@ -367,8 +370,9 @@ async fn sentinel_master_killed_during_a_stress_run_is_followed_within_the_bound
     let keys: Vec<String> = (0..2)
         .map(|i| unique_key(&format!("sentinel:{i}")))
         .collect();
-    let config =
-        LockConfig::sentinel(SentinelSet::MASTER_NAME, urls).default_ttl(Duration::from_secs(5));
+    let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, urls)
+        .fencing(true)
+        .default_ttl(Duration::from_secs(5));
     let client = LockClient::new(config).unwrap();
     let switched_ns = Arc::new(AtomicU64::new(0));
     let disturb = {
@@ -721,18 +725,17 @@ async fn sentinel_replies_past_validity_are_never_success() {
 }
 
 /// Waits (bounded by a replication round trip on a loaded machine) until `node`'s copy of the fence
-/// counter of lock `name` is `fence`.
-async fn await_fence_on(node: &RedisServer, name: &str, fence: u64) {
-    let key = lock_keys(name).fence;
+/// counter `key` has counted `fence`.
+async fn await_fence_on(node: &RedisServer, key: &str, fence: u64) {
     let mut admin = node.admin();
     // A cluster replica answers reads once told (elsewhere this is an error, and not needed).
     let _ = redis::cmd("READONLY").query::<()>(&mut admin);
     lock_tests::wait_until_async(Duration::from_secs(5), "the replica has the fence", || {
         redis::cmd("GET")
-            .arg(&key)
+            .arg(key)
             .query::<Option<u64>>(&mut admin)
             .unwrap()
-            == Some(fence)
+            >= Some(fence)
     })
     .await;
 }
@@ -748,6 +751,7 @@ async fn sentinel_fencing_tokens_grow_across_a_failover_that_lost_a_grant() {
     let (old, new) = (set.master().port(), set.replica().port());
     let locks = LockClient::new(
         LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls())
+            .fencing(true)
             .connect_timeout(Duration::from_millis(200))
             .response_timeout(Duration::from_millis(500)),
     )
@@ -768,9 +772,10 @@ async fn sentinel_fencing_tokens_grow_across_a_failover_that_lost_a_grant() {
         }
     };
     let before = grant(&locks).await;
-    await_fence_on(set.replica(), &key, before).await;
+    let counter = lock_keys(&key).fence;
+    await_fence_on(set.replica(), &counter, before).await;
     let lost = grant(&locks).await;
-    await_fence_on(set.replica(), &key, lost).await;
+    await_fence_on(set.replica(), &counter, lost).await;
     // The replica misses the second grant: its counter back to what it was before.
     let replica = set.replica();
     let mut admin = replica.admin();

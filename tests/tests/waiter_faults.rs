@@ -39,7 +39,7 @@ fn key_exists(admin: &mut redis::Connection, key: &str) -> bool {
 async fn a_waiter_paused_across_its_hand_off_does_not_take_the_stale_message_for_a_grant() {
     let server = RedisServer::start();
     let mut admin = server.admin();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     for round in 0..ROUNDS {
         let key = unique_key("waiters:stale-hand-off");
         let redis_key = lock_keys(&key).lock;
@@ -130,9 +130,10 @@ async fn a_waiter_on_a_slow_link_keeps_its_place_in_line() {
     const WATCH: Duration = Duration::from_secs(3);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let direct = client(LockConfig::single(server.url()));
+    let direct = client(LockConfig::single(server.url()).fencing(true));
     let slow = client(
         LockConfig::single(proxy.url())
+            .fencing(true)
             .response_timeout(ONE_WAY * 2 + Duration::from_secs(2))
             .connect_timeout(ONE_WAY * 2 + Duration::from_secs(2)),
     );
@@ -208,8 +209,8 @@ async fn a_waiter_whose_renewals_timed_out_is_handed_the_lock_again() {
     const LEASE: Duration = Duration::from_secs(3);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let looper = client(LockConfig::single(server.url()));
-    let waiting = client(LockConfig::single(proxy.url()));
+    let looper = client(LockConfig::single(server.url()).fencing(true));
+    let waiting = client(LockConfig::single(proxy.url()).fencing(true));
     let key = unique_key("waiters:renewals-timed-out");
     let mut held = looper.lock(&key).acquire().await.unwrap();
     let waiter = {

@@ -532,7 +532,7 @@ impl Node for ClusterNode {
     }
 
     fn watch(&self, name: &str, own: Option<u64>) -> Subscription {
-        let [_, _, channel] = self.calls.keys(name);
+        let [_, channel] = self.calls.keys(name);
         self.subs.watch(name, own_channel(channel, own))
     }
 }
@@ -702,6 +702,6 @@ mod tests {
         assert_eq!(key_slot("foo"), 12182);
         // Only the hash tag counts.
         assert_eq!(key_slot("{foo}:bar"), 12182);
-        assert_eq!(key_slot("lock:{foo}=x"), key_slot("lock:{foo}:fence=x"));
+        assert_eq!(key_slot("lock:{foo}=x"), key_slot("lock:{foo}:released=x"));
     }
 }

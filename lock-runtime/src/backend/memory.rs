@@ -28,6 +28,10 @@ impl BackendConfig for InMemory {
 }
 
 impl ValidBackend for InMemory {
+    fn fencing_free(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> BackendKind {
         BackendKind::Memory
     }

@@ -5,7 +5,6 @@
 
 mod cluster;
 mod etcd;
-mod fences;
 mod memory;
 mod redis;
 mod redlock;
@@ -28,7 +27,10 @@ pub(crate) use etcd::EtcdConfig;
 pub(crate) use etcd::{etcd_key, etcd_lock_name};
 pub(crate) use memory::InMemory;
 pub use redis::KeyKind;
-pub(crate) use redis::{SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key};
+pub(crate) use redis::{
+    SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key, server_fence_key,
+    slot_fence_key,
+};
 pub(crate) use redlock::{Quorum, RedlockConfig, gate_of};
 pub(crate) use sentinel::SentinelConfig;
 pub(crate) use setup::{BackendConfig, BackendKind, ValidBackend};
@@ -175,7 +177,8 @@ pub(crate) trait AtOnce {
 pub struct NodeHold {
     /// The lock key's time to live on this server (`None`: the key has no expiry).
     pub remaining: Option<Duration>,
-    /// The server's fence counter for the lock (`None`: it has none).
+    /// The lock's fencing token as the server knows it: `None` on Redis, which keeps one fence
+    /// counter per server (per slot on a Cluster), not a token per lock; etcd's revision.
     pub fencing_token: Option<u64>,
     /// Live holders: 1 for an exclusive or fair lock, the live shares of a shared lock, the
     /// permits taken of a semaphore.

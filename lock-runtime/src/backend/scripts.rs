@@ -5,7 +5,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: the n lock keys, then their n fence keys. ARGV: token, ttl_ms, fencing ("1" or "0"),
+/// KEYS: the n lock keys, then their n fence counters (the server's, or each key's slot's on a
+/// cluster: the same key repeated). ARGV: token, ttl_ms, fencing ("1" or "0"),
 /// mark_ms (how much longer the caller waits if refused, at most the ttl; "0": it does not).
 /// Takes every lock key for the token, or none.
 /// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
@@ -21,11 +22,8 @@ use redis::Script;
 /// before the first lock key is written, so a failed call leaves no lock behind; the `#!lua` line
 /// makes Redis refuse the whole script up front when it is out of memory.
 ///
-/// A fence counter that does not exist (first grant of the key, evicted, or Redis restarted
-/// without its data) starts from the server's clock in microseconds, not from 1: it then still
-/// exceeds every token handed out before, as long as the clock does not go back and the key saw
-/// fewer than one grant per microsecond on average. A same-token retry takes the same path, so it
-/// never answers without a fence.
+/// Each grant's token counts on by [`FENCE`]'s rule (a same-token retry's too: its earlier reply
+/// was lost, so nobody used that token).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\n",
@@ -60,7 +58,7 @@ for i = 1, n do
 end
 local reply = {1}
 for i = 1, n do
-  reply[i + 1] = grant_fence(KEYS[n + i], ours[i])
+  reply[i + 1] = grant_fence(KEYS[n + i])
 end
 for i = 1, n do
   if ours[i] then
@@ -114,26 +112,20 @@ return deleted
     )
 });
 
-/// KEYS: fence keys. ARGV: one value per key. Raises each fence counter to at least its value
-/// (Redlock: the tokens a quorum granted, written back to a majority of the granting nodes so
-/// that every later majority includes a node that has seen them).
-///
-/// The counters it raises, and those it finds higher, live [`FENCE_IDLE`] from now (see
-/// [`FENCE`]).
+/// KEYS: fence counters. ARGV: one value per key. Raises each fence counter to at least its
+/// value (Redlock: the tokens a quorum granted, written back to a majority of the granting nodes
+/// so that every later majority includes a node that has seen them).
 pub(crate) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    script(&[
-        FENCE_IDLE_LUA,
+    Script::new(
         r"
 for i = 1, #KEYS do
   if tonumber(redis.call('GET', KEYS[i]) or '0') < tonumber(ARGV[i]) then
-    redis.call('SET', KEYS[i], ARGV[i], 'PX', IDLE_MS)
-  else
-    redis.call('PEXPIRE', KEYS[i], IDLE_MS)
+    redis.call('SET', KEYS[i], ARGV[i])
   end
 end
 return 1
 ",
-    ])
+    )
 });
 
 /// KEYS: lock. ARGV: the publish command (as for [`RELEASE`]), release channel. Deletes the
@@ -166,79 +158,70 @@ for _, w in ipairs(gone) do redis.call('ZREM', Q, w) end
 if #gone > 0 then redis.call('ZREMRANGEBYSCORE', E, '-inf', now) end
 ";
 
-/// How far a fence counter may lag behind the server's clock (in microseconds) and still be
-/// counted on by one: the transaction's `INCR` (see `Calls::acquire_plain`) takes a token that is
-/// no more than this behind the clock; one further behind is raised to the clock by
-/// [`SEED_FENCE`]. The scripts never let a grant's token lag at all.
-pub(crate) const FENCE_LAG_US: i64 = 100_000;
-
-/// How long a fence counter lives after its name's last grant: every grant (and every refused
-/// transaction's `INCR`) sets its expiry to this. A name granted once a day does not keep a key
-/// forever; its next grant starts from the server's clock, as after any loss of the counter
-/// (see [`FENCE`]).
+/// Lua that defines `grant_fence(k)`: the fencing token of a grant from the fence counter `k`
+/// (0 when `ARGV[3]` turns fencing off), by `count_fence` then `floor_fence`, which a script that
+/// must count before it writes the lock (so that a counter that is not a number fails the call
+/// before anything is written) calls apart.
 ///
-/// The expiry runs on the server's clock, as the tokens do: a counter expires only once that
-/// clock is an hour past its last grant, so the next token (at least that clock, less
-/// [`FENCE_LAG_US`]) is larger than every token before, unless the clock went back by more than
-/// the hour while the counter lived.
-pub(crate) const FENCE_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
-
-/// [`FENCE_IDLE`] for the scripts, in milliseconds, as `IDLE_MS`.
-const FENCE_IDLE_LUA: &str = "local IDLE_MS = 3600000\n";
-
-/// Lua that defines `grant_fence(k, ours)` and `new_fence(k)`: the fencing token of a grant for
-/// fence counter `k` (0 when `ARGV[3]` turns fencing off). A same-token retry (`ours`: a resent
-/// attempt whose earlier grant's reply was lost, or a fair hand-off's waiter) answers the current
-/// value while it is within [`FENCE_LAG_US`] of the server's clock (and was raised to a clock at
-/// some point: at least `1e15`, the server's clock in microseconds in September 2001); otherwise,
-/// like a new grant, it counts on, never below the server's clock in microseconds. A retry long
-/// after its lost grant is a grant of its own: answering the old value would hand out a token far
-/// below its grant's clock.
-///
-/// The clock is the floor that makes tokens grow across what loses the counter or part of its
-/// history: a counter that did not exist (first grant of the key, evicted, Redis restarted
-/// without its data, or recreated by the `INCR`s of transactions that were refused the lock), and
-/// a replica promoted after it missed the last grants (Sentinel, Cluster), whose counter is
-/// behind. Every token is at least its grant's server clock (less [`FENCE_LAG_US`] on the
-/// transaction's path) and, at fewer than one grant per microsecond, at most about that clock,
-/// so a token handed out after the loss exceeds every token before it as long as the clock did
-/// not go back by more than the time between the two grants, less the lag.
-///
-/// Every counter it counts on, raises or answers lives [`FENCE_IDLE`] from now.
+/// The counter is one per server (per slot on a cluster), so it counts every grant of every key
+/// there, and each key's tokens grow with it. It never lags more than 100 ms (`LAG_US`) behind the
+/// server's clock in microseconds: a count that would is raised to the clock. The clock is the
+/// floor that makes tokens grow across what loses the counter or part of its history: a counter
+/// that did not exist (evicted, Redis restarted without its data) and a replica promoted after
+/// it missed the last grants (Sentinel, Cluster), whose counter is behind. Every token is at
+/// least its grant's server clock less the lag and, at fewer than one grant per microsecond on
+/// the server, at most about that clock, so a token handed out after the loss exceeds every
+/// token before it as long as the clock did not go back by more than the time between the two
+/// grants, less the lag. Within the lag a grant costs `INCR` and `TIME`; a raise adds a `SET`,
+/// about once per lag on a busy counter.
 const FENCE: &str = r"
 local LAG_US = 100000
-local IDLE_MS = 3600000
-local function new_fence(k)
-  local f = redis.call('INCR', k)
+local function count_fence(k)
+  return redis.call('INCR', k)
+end
+local function floor_fence(k, f)
   local t = redis.call('TIME')
   local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if f < clock then
+  if f < clock - LAG_US then
     f = clock
-    redis.call('SET', k, f, 'PX', IDLE_MS)
-  else
-    redis.call('PEXPIRE', k, IDLE_MS)
+    redis.call('SET', k, f)
   end
   return f
 end
-local function grant_fence(k, ours)
+local function grant_fence(k)
   if ARGV[3] ~= '1' then return 0 end
-  local f = ours and tonumber(redis.call('GET', k) or '')
-  if f and f >= 1e15 then
-    local t = redis.call('TIME')
-    if f >= tonumber(t[1]) * 1000000 + tonumber(t[2]) - LAG_US then
-      redis.call('PEXPIRE', k, IDLE_MS)
-      return f
-    end
-  end
-  return new_fence(k)
+  return floor_fence(k, count_fence(k))
 end
 ";
 
-/// KEYS: fence. The fencing token of a grant whose transaction's `INCR` found the counter more
-/// than [`FENCE_LAG_US`] behind the server's clock (see [`FENCE`]): counts on, raised to the
-/// clock. Only the lock's holder calls it.
-pub(crate) static SEED_FENCE: LazyLock<Script> =
-    LazyLock::new(|| script(&["#!lua\n", FENCE, "return new_fence(KEYS[1])\n"]));
+/// One exclusive lock of one key. KEYS: lock, fence counter. ARGV: token, ttl_ms, fencing ("1"
+/// or "0"). [`ACQUIRE`] for one key in fewer commands: `SET NX PX GET` takes the lock and reads
+/// its holder at once, and a grant's token costs `INCR` and `TIME`. The counter is counted first,
+/// so a counter that is not a number fails the call before the lock is written (a refusal then
+/// leaves a gap in the counter, nothing else).
+/// Returns `{1, fence}` when granted (also to the same token again, refreshing the TTL: a resent
+/// attempt whose reply was lost), `{0, 1, pttl}` when someone else holds it, and `{3}` when the
+/// key is not a string (a shared lock or semaphore): then [`ACQUIRE`] answers.
+pub(crate) static ACQUIRE_ONE: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        "#!lua\n",
+        FENCE,
+        r"
+local K, F, token, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local f = 0
+if ARGV[3] == '1' then f = count_fence(F) end
+local holder = redis.pcall('SET', K, token, 'NX', 'PX', ttl, 'GET')
+if type(holder) == 'table' then return {3} end
+if holder == token then
+  redis.call('PEXPIRE', K, ttl)
+elseif holder then
+  return {0, 1, redis.call('PTTL', K)}
+end
+if ARGV[3] == '1' then f = floor_fence(F, f) end
+return {1, f}
+",
+    ])
+});
 
 /// Lua that defines `permits_of(k)`: the permit count of the shared lock or semaphore at `k`
 /// (0 for a shared lock), from its `+inf` member.
@@ -293,16 +276,16 @@ if type(holder) == 'table' then
   if redis.call('TYPE', K).ok ~= 'zset' then return holder end
   return {2, 1, permits_of(K)}
 end
-local function take(ours)
-  local f = grant_fence(F, ours)
+local function take()
+  local f = grant_fence(F)
   redis.call('ZREM', Q, token)
   redis.call('ZREM', E, token)
   redis.call('SET', K, token, 'PX', ttl)
   return {1, f}
 end
-if holder == token then return take(true) end
+if holder == token then return take() end
 local head = redis.call('ZRANGE', Q, 0, 0)[1]
-if not holder and (not head or head == token) then return take(false) end
+if not holder and (not head or head == token) then return take() end
 local ticket = redis.call('ZSCORE', Q, token)
 if ARGV[4] == '1' then
   if not ticket then
@@ -351,7 +334,7 @@ if holder then return released end
 /// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on its
 /// own channel: the release channel `ARGV[3]` followed by its token's digest in braces
 /// (`ARGV[2]`: the publish command; see `keys::own_channel`). Leaves `head` (the waiter's token
-/// and ticket, empty when nobody was in line). Needs [`NOW`] and [`FENCE`].
+/// and ticket, empty when nobody was in line). Needs [`NOW`].
 const HAND_TO_HEAD: &str = r"
 local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
 if head[1] then
@@ -359,43 +342,40 @@ if head[1] then
   redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
   redis.call('ZREM', Q, head[1])
   redis.call('ZREM', E, head[1])
-  local fence = 0
-  -- The waiter's grant counts on by the rule of every grant (no counter: the waiter asks).
-  if redis.call('EXISTS', F) == 1 then fence = new_fence(F) end
   local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
-  local told = head[2] .. ' ' .. string.format('%d', fence) .. ' ' .. digest
+  -- No fence (0): a waiter that asked for one asks the server for it.
+  local told = head[2] .. ' 0 ' .. digest
   redis.pcall(ARGV[2], ARGV[3] .. '{' .. digest .. '}', told)
 end
 ";
 
-/// Releases a fair lock, or takes a waiter out of the queue. KEYS: lock, fence, queue, queue
-/// leases. ARGV: token, the publish command, release channel.
+/// Releases a fair lock, or takes a waiter out of the queue. KEYS: lock, queue, queue leases.
+/// ARGV: token, the publish command, release channel.
 ///
 /// Deletes the lock if `token` holds it and drops `token`'s queue entry. If the lock is then
 /// free, it is handed to the first live waiter: set for it with the rest of its entry's lease as
-/// time to live (a waiter that died meanwhile keeps it at most that long), its fence raised, and
-/// the waiter alone woken, on its own channel (see [`HAND_TO_HEAD`]): the message is
-/// `<ticket> <fence> <digest>`, the waiter's ticket, the new fence (by [`FENCE`]'s rule; 0 when
-/// the counter does not exist) and the first 16 hex digits of the SHA-1 of the waiter's token,
-/// which lets it take the lock without asking again. A release that finds
+/// time to live (a waiter that died meanwhile keeps it at most that long), and the waiter alone
+/// woken, on its own channel (see [`HAND_TO_HEAD`]): the message is `<ticket> 0 <digest>`, the
+/// waiter's ticket, no fence (a waiter that wants one asks the server, which counts it on then)
+/// and the first 16 hex digits of the SHA-1 of the waiter's token, which lets a waiter without a
+/// fence take the lock without asking again. A release that finds
 /// nobody in line publishes nothing: every fair waiter has a place in a line (under Redlock, at
 /// the lock's gate node), and is woken by the hand-off to it. Returns 1 when `token` held the
 /// lock.
 pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        "local K, Q, E = KEYS[1], KEYS[2], KEYS[3]\n",
         NOW,
         TAKE_BACK,
         LEAVE_QUEUE,
         PURGE_QUEUE,
-        FENCE,
         HAND_TO_HEAD,
         "return released\n",
     ])
 });
 
-/// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, fence, queue,
-/// queue leases. ARGV: token, the publish command, release channel, wake ("1": a release wakes
+/// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, queue, queue
+/// leases. ARGV: token, the publish command, release channel, wake ("1": a release wakes
 /// every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
 ///
 /// Deletes the lock if `token` holds it. A waiter that has waited past its threshold takes a
@@ -405,7 +385,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// every waiter is woken. Returns 1 when `token` held the lock.
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "local K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        "local K, Q, E = KEYS[1], KEYS[2], KEYS[3]\n",
         TAKE_BACK,
         r"
 if redis.call('EXISTS', Q) == 0 then
@@ -416,7 +396,6 @@ end
         NOW,
         LEAVE_QUEUE,
         PURGE_QUEUE,
-        FENCE,
         HAND_TO_HEAD,
         r"
 if not head[1] and released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
@@ -471,7 +450,7 @@ if kind == 'zset' then
 elseif kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the lock key holds a ' .. kind)
 end
-local f = grant_fence(F, ours)
+local f = grant_fence(F)
 redis.call('ZADD', K, 'inf', meta)
 redis.call('ZADD', K, now + ttl, token)
 if redis.call('PTTL', K) < ttl then redis.call('PEXPIRE', K, ttl) end
@@ -527,13 +506,13 @@ return 0
     ])
 });
 
-/// What a node knows of a lock. KEYS: lock, fence, queue leases. Returns `{-2}` when the lock
-/// is not held, else `{pttl, fence (-1: none), live holders, live queued waiters, record...}`:
+/// What a node knows of a lock. KEYS: lock, queue leases. Returns `{-2}` when the lock is not
+/// held, else `{pttl, live holders, live queued waiters, record...}`:
 /// then each live holder's owner record (its value, or its member of a shared lock or
 /// semaphore, without the token's secret: the first 32 bytes never leave the server).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "local K, F, E = KEYS[1], KEYS[2], KEYS[3]\n",
+        "local K, E = KEYS[1], KEYS[2]\n",
         NOW,
         r"
 local pttl = redis.call('PTTL', K)
@@ -550,33 +529,9 @@ else
   local value = redis.pcall('GET', K)
   if type(value) == 'string' then records[1] = string.sub(value, 33) end
 end
-local fence = tonumber(redis.pcall('GET', F)) or -1
-local reply = {pttl, fence, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}
+local reply = {pttl, holders, redis.call('ZCOUNT', E, '(' .. now, '+inf')}
 for _, r in ipairs(records) do reply[#reply + 1] = r end
 return reply
 ",
     ])
 });
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_scripts_lag_is_the_transactions() {
-        assert!(
-            FENCE.contains(&format!("local LAG_US = {FENCE_LAG_US}\n")),
-            "FENCE's LAG_US must equal FENCE_LAG_US"
-        );
-    }
-
-    #[test]
-    fn the_scripts_counters_live_as_long_as_the_transactions() {
-        let idle = format!("local IDLE_MS = {}\n", FENCE_IDLE.as_millis());
-        assert_eq!(FENCE_IDLE_LUA, idle);
-        assert!(
-            FENCE.contains(&idle),
-            "FENCE's IDLE_MS must equal FENCE_IDLE"
-        );
-    }
-}

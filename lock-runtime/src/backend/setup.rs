@@ -75,9 +75,12 @@ pub(crate) trait ValidBackend {
     /// Whether any of its URLs (or endpoints) uses TLS: the TLS settings apply only then.
     fn uses_tls(&self) -> bool;
 
-    /// Whether locks carry a fencing token when the config does not say.
-    fn fencing_default(&self) -> bool {
-        true
+    /// Whether its fencing token costs nothing (etcd's revision, the in-memory counter): then
+    /// every lock carries one, whatever the config says. On Redis a token costs a counter, so
+    /// locks carry one only when asked ([`LockConfig::fencing`](crate::LockConfig::fencing),
+    /// [`Lock::fencing`](crate::Lock::fencing)).
+    fn fencing_free(&self) -> bool {
+        false
     }
 
     /// Whether its master has replicas for `min_replicas` to wait for.

@@ -104,7 +104,8 @@ impl LockConfig {
     /// Redis Cluster, reached through any of `seed_urls` (the client learns the rest of the
     /// topology, follows `MOVED`/`ASK` during resharding and refreshes it after a failover).
     ///
-    /// Every key of a lock (its lock key, fence counter and release channel) lives in one slot.
+    /// Every key of a lock (its lock key and release channel, and the fence counter it counts on,
+    /// one per slot) lives in one slot.
     /// A multi-key lock whose keys share a hash tag (`{user:42}:a`, `{user:42}:b`) is taken in one
     /// script call on that slot's master; otherwise its keys are taken slot by slot in canonical
     /// order, and a refusal gives back what was already taken. Releases wake waiters through
@@ -293,17 +294,21 @@ impl LockConfig {
         self
     }
 
-    /// Whether locks carry a fencing token: a per-key number that grows with every grant, which a
-    /// resource can use to reject a superseded holder. Default: on for single-node and in-memory
-    /// locks, off for Redlock.
+    /// Whether this client's locks carry a fencing token unless a lock says otherwise
+    /// ([`Lock::fencing`](crate::Lock::fencing), the attribute's `fencing = true`): a number that
+    /// grows with every grant of a key, which a resource uses to reject a superseded holder
+    /// ([`crate::fence`]). Default: off on Redis topologies, where a token costs a counter; on
+    /// etcd (the key's revision) and in memory (a counter) every lock carries one, whatever this
+    /// says, as it costs nothing there.
     ///
-    /// The counter is one small key per lock name in Redis, which lives an hour after the name's
-    /// last grant; the next grant after that starts from the server's clock in microseconds, so
-    /// tokens still grow unless that clock went back by more than the hour meanwhile. In Redlock
-    /// mode the token is the largest of the granting nodes' counters, written back to a majority
-    /// of those nodes before the lock is handed out (one more round trip per acquire), so every
-    /// later majority sees it; it is monotonic as long as no node loses its counters
-    /// (`appendfsync always`).
+    /// On Redis the counter is one key per server (per master; per node under Redlock; per hash
+    /// slot on Cluster, in the lock key's slot), not one per lock name: a counter that grows for
+    /// every key grows for each. It never runs more than 100 ms behind the server's clock in
+    /// microseconds, so tokens still grow when the counter is lost (a restart without data, a
+    /// failover to a replica that missed the last grants) as long as the clock does not go back.
+    /// In Redlock mode the token is the largest of the granting nodes' counters, written back to
+    /// a majority of those nodes before the lock is handed out (one more round trip per
+    /// acquire), so every later majority sees it.
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.settings.fencing = Some(enabled);
         self

@@ -101,14 +101,14 @@ impl LockConfig {
                 "must be a multi-thread runtime (a sync lock call on a current-thread runtime would block the thread that has to answer it)",
             ));
         }
-        let fencing = settings
-            .fencing
-            .unwrap_or_else(|| backend.fencing_default());
+        let fencing_free = backend.fencing_free();
+        let fencing = fencing_free || settings.fencing.unwrap_or(false);
         Ok(ValidConfig {
             runtime: self.runtime.clone(),
             backend,
             settings: settings.clone(),
             fencing,
+            fencing_free,
         })
     }
 }
@@ -128,6 +128,8 @@ pub(crate) struct ValidConfig {
     pub(crate) settings: Settings,
     /// [`Settings::fencing`] resolved for the backend.
     pub(crate) fencing: bool,
+    /// Whether the backend's token costs nothing, so every lock carries one.
+    pub(crate) fencing_free: bool,
 }
 
 /// The one rule for a lock's TTL, from the config or from a call site: the bounds the attribute
@@ -275,7 +277,7 @@ pub(super) mod tests {
         let two = ["redis://127.0.0.1:1/", "redis://127.0.0.1:2/"];
         assert_eq!(
             kind_and_fencing(LockConfig::redlock(["redis://127.0.0.1:1/"])),
-            ("single", true)
+            ("single", false)
         );
         assert_eq!(
             kind_and_fencing(LockConfig::redlock(two)),
@@ -287,12 +289,17 @@ pub(super) mod tests {
         );
         assert_eq!(
             kind_and_fencing(LockConfig::single("redis://127.0.0.1:1/")),
+            ("single", false)
+        );
+        assert_eq!(
+            kind_and_fencing(LockConfig::single("redis://127.0.0.1:1/").fencing(true)),
             ("single", true)
         );
         assert_eq!(kind_and_fencing(LockConfig::in_memory()), ("memory", true));
         assert_eq!(
             kind_and_fencing(LockConfig::in_memory().fencing(false)),
-            ("memory", false)
+            ("memory", true),
+            "the in-memory counter costs nothing: always handed out"
         );
     }
 

@@ -52,7 +52,7 @@ fn main() -> ExitCode {
     let config = if std::env::var_os(lock_runtime::ENV_ETCD_ENDPOINTS).is_some() {
         LockConfig::from_env()
     } else {
-        LockConfig::single(args.url.as_str())
+        LockConfig::single(args.url.as_str()).fencing(true)
     };
     let client = match LockClient::new(config) {
         Ok(client) => client,

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     // Several URLs: Redlock over them (with fencing), the data on the first.
     let urls: Vec<&str> = args.url.split(',').collect();
     let config = match urls.as_slice() {
-        [one] => LockConfig::single(*one),
+        [one] => LockConfig::single(*one).fencing(true),
         many => LockConfig::redlock(many.iter().copied()).fencing(true),
     };
     let client = match LockClient::new(config) {

@@ -66,7 +66,7 @@ async fn async_body(key: &str, go: &Path) -> Result<(), LockError> {
 }
 
 fn guard_mode(url: &str, key: &str, go: &Path) -> Result<(), LockError> {
-    let client = lock_runtime::LockClient::new(LockConfig::single(url))?;
+    let client = lock_runtime::LockClient::new(LockConfig::single(url).fencing(true))?;
     let guard = client
         .lock(key)
         .ttl(Duration::from_secs(1))
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
     let outcome = match mode.as_str() {
         "guard" => guard_mode(url, key, go),
         "sync" | "async" => {
-            if let Err(err) = lock_runtime::init(LockConfig::single(url.as_str())) {
+            if let Err(err) = lock_runtime::init(LockConfig::single(url.as_str()).fencing(true)) {
                 eprintln!("paused_holder: {err}");
                 return ExitCode::from(2);
             }

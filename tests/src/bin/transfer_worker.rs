@@ -116,9 +116,9 @@ fn parse_args() -> Option<Args> {
     };
     let urls: Vec<&str> = urls.split(',').collect();
     let config = match mode.as_str() {
-        "single" => LockConfig::single(*urls.first()?),
+        "single" => LockConfig::single(*urls.first()?).fencing(true),
         "redlock" => LockConfig::redlock(urls).fencing(true),
-        "cluster" => LockConfig::cluster(urls),
+        "cluster" => LockConfig::cluster(urls).fencing(true),
         _ => return None,
     };
     let wallets: u64 = wallets.parse().ok()?;

@@ -548,9 +548,9 @@ fn clock_went_back<'a>(
 }
 
 /// How far a token may fall behind an earlier one across a failover, in microseconds (the
-/// tokens' unit): `scripts::FENCE_LAG_US`. The README's promise is that no token is below its
-/// grant's server clock less 100 ms (the transaction takes the counter's next value when it is
-/// at most that far behind the clock), and no token is above its grant's clock (a counter raised
+/// tokens' unit): `LAG_US` of `scripts::FENCE`. The README's promise is that no token is below
+/// its grant's server clock less 100 ms (a grant takes the counter's next value when it is at
+/// most that far behind the clock), and no token is above its grant's clock (a counter raised
 /// to a clock counts on by one a grant, fewer than one a microsecond). So a grant by a new master
 /// whose counter missed the last grants can be below an earlier grant by at most 100 ms less the
 /// time between the two grants: none at all 100 ms after it. The lock servers share this

@@ -35,8 +35,11 @@ pub fn unique_key(prefix: &str) -> String {
 pub struct LockKeys {
     /// The lock key itself (holds the owner's token while held).
     pub lock: String,
-    /// The fencing counter.
+    /// The fence counter of a server (single node, Sentinel master, each Redlock node): one for
+    /// every lock under the prefix.
     pub fence: String,
+    /// The fence counter of the lock's hash slot on a Cluster.
+    pub slot_fence: String,
     /// The pub/sub channel a release is announced on.
     pub channel: String,
     /// A fair lock's waiters, by arrival.
@@ -48,11 +51,12 @@ pub struct LockKeys {
 /// The keys of lock `name` with the default prefix (the runtime's own layout, braces escaped:
 /// [`lock_runtime::layout::redis_key`]).
 pub fn lock_keys(name: &str) -> LockKeys {
-    use lock_runtime::layout::{RedisKeyKind, redis_key};
+    use lock_runtime::layout::{RedisKeyKind, redis_cluster_fence_key, redis_fence_key, redis_key};
     let key = |kind| redis_key("lock:", name, kind);
     LockKeys {
         lock: key(RedisKeyKind::Lock),
-        fence: key(RedisKeyKind::Fence),
+        fence: redis_fence_key("lock:"),
+        slot_fence: redis_cluster_fence_key("lock:", name),
         channel: key(RedisKeyKind::Released),
         queue: key(RedisKeyKind::Queue),
         queue_leases: key(RedisKeyKind::QueueLeases),
@@ -204,10 +208,6 @@ pub fn assert_lost_at_the_deadline(
 /// backoff: 50 ms doubling up to 1 s): a grant that lands after its call failed is released
 /// within this + one request timeout of landing.
 pub const CLEANUP_PAUSE: Duration = Duration::from_secs(1);
-
-/// How far a fence counter may lag the server's clock for the transaction (the runtime's
-/// `FENCE_LAG_US`): a client that saw a name's grant longer ago than this takes it by the script.
-pub const FENCE_LAG: Duration = Duration::from_millis(100);
 
 /// `n` milliseconds.
 pub fn ms(n: u64) -> Duration {

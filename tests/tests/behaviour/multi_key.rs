@@ -37,7 +37,8 @@ pub(crate) async fn multi_key_acquire_release(fx: &Fx) {
 /// Duplicates are merged: `transfer(a, a)` locks one key, and `["b", "a", "a"]` locks a and b.
 pub(crate) async fn duplicate_keys_are_locked_once(fx: &Fx) {
     let (ka, kb) = two_keys("beh:dedupe");
-    let guard = fx.a.lock_many([&ka, &ka]).acquire().await.unwrap();
+    let guard = fx.a.lock_many([&ka, &ka]).fencing(true).acquire().await;
+    let guard = guard.unwrap();
     assert_eq!(guard.keys().collect::<Vec<_>>(), [ka.as_str()]);
     assert!(guard.fencing_token().is_some());
     assert_eq!(guard.fencing_token_of(&ka), guard.fencing_token());

@@ -83,7 +83,7 @@ fn inner(user_id: u64) -> Result<(), LockError> {
     Ok(())
 }
 
-#[distributed_lock(key = "async:<user_id>", ttl = "10s", wait = "5s", guard = lock)]
+#[distributed_lock(key = "async:<user_id>", ttl = "10s", wait = "5s", fencing = true, guard = lock)]
 async fn withdraw(user_id: u64, amount: u64) -> Result<u64, LockError> {
     tokio::task::yield_now().await;
     assert!(lock.fencing_token().is_some());

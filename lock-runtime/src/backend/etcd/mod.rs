@@ -82,6 +82,10 @@ struct ValidEtcd(EtcdAddrs);
 
 #[cfg(feature = "etcd")]
 impl ValidBackend for ValidEtcd {
+    fn fencing_free(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> BackendKind {
         BackendKind::Etcd
     }

@@ -2,13 +2,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ScriptInvocation, ToRedisArgs, Value};
 
-use super::keys::{KeyKind, LockKeys, redis_keys};
-use crate::backend::fences::{FENCE_LAG, FencePaths, TxFence};
+use super::keys::{KeyKind, LockKeys, redis_keys, server_fence_key, slot_fence_key};
 use crate::backend::scripts;
 use crate::backend::wait_pool::WaitPool;
 use crate::backend::{
@@ -40,13 +39,12 @@ pub(crate) struct Calls {
     publish: &'static str,
     /// Replicas that must acknowledge each grant and renewal.
     replicas: Option<MinReplicas>,
-    /// Whether a plain lock of one key may be taken with a transaction
+    /// Whether a plain lock of one key without a fence may be taken with plain commands
     /// ([`Calls::acquire_plain`]): not through a cluster connection (which routes command by
-    /// command), not with `min_replicas` (the grant goes through the script and its `WAIT`),
-    /// and no more once the server refused a transaction (an ACL without `MULTI`/`EXEC`).
-    plain: AtomicBool,
-    /// Where the transaction can take the fence: see [`FencePaths`].
-    fences: FencePaths,
+    /// command), not with `min_replicas` (the grant goes through the script and its `WAIT`).
+    plain: bool,
+    /// The server's fence counter (`None`: a cluster, with one per slot).
+    fence: Option<String>,
     /// With `min_replicas`, the connections grants and renewals (which end in `WAIT`) run on,
     /// one each; `None`: on the shared one (a cluster connection, which routes by slot).
     pub(super) waits: Option<WaitPool>,
@@ -60,18 +58,19 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
-    /// `transactions`: whether the connection sends a MULTI/EXEC to one server as it is.
+    /// `server`: whether the connection reaches one server as it is (not a cluster connection,
+    /// which routes each command by its keys' slot).
     pub(crate) fn new(
         addr: String,
         settings: &Settings,
         publish: &'static str,
-        transactions: bool,
+        server: bool,
     ) -> Self {
         Calls {
-            plain: AtomicBool::new(transactions && settings.min_replicas.is_none()),
-            let_go_loaded: transactions.then(|| AtomicU32::new(0)),
+            plain: server && settings.min_replicas.is_none(),
+            let_go_loaded: server.then(|| AtomicU32::new(0)),
             queue_starving: AtomicBool::new(true),
-            fences: FencePaths::default(),
+            fence: server.then(|| server_fence_key(&settings.key_prefix)),
             waits: None,
             addr,
             prefix: settings.key_prefix.clone(),
@@ -90,8 +89,16 @@ impl Calls {
         self.queue_starving.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn keys(&self, name: &str) -> [String; 3] {
+    pub(crate) fn keys(&self, name: &str) -> [String; 2] {
         redis_keys(&self.prefix, name)
+    }
+
+    /// The fence counter a grant of `name` counts on: the server's, or its slot's on a cluster.
+    fn fence_key(&self, name: &str) -> String {
+        match &self.fence {
+            Some(key) => key.clone(),
+            None => slot_fence_key(&self.prefix, name),
+        }
     }
 
     fn lock_keys(&self, name: &str) -> LockKeys {
@@ -372,7 +379,7 @@ impl Calls {
         conn: &C,
         name: &str,
     ) -> Result<bool, NodeFailure> {
-        let [lock, _, channel] = self.keys(name);
+        let [lock, channel] = self.keys(name);
         let mut invocation = scripts::FORCE_RELEASE.prepare_invoke();
         invocation.key(lock).arg(self.publish).arg(channel);
         let mut conn = conn.clone();
@@ -411,11 +418,15 @@ impl Calls {
         };
         if let [name] = names
             && mode == Mode::Exclusive
-            && self.plain.load(Ordering::Relaxed)
-            && let Some(fence) = self.fences.path(name, fencing, Instant::now())
-            && let Some(answer) = self.acquire_plain(conn, name, token, ttl, fence).await
         {
-            return answer;
+            let answer = if self.plain && !fencing {
+                self.acquire_plain(conn, name, token, ttl).await
+            } else {
+                self.acquire_one(conn, name, token, ask).await
+            };
+            if let Some(answer) = answer {
+                return answer;
+            }
         }
         let flag = |on: bool| if on { "1" } else { "0" };
         let script = match mode {
@@ -426,19 +437,18 @@ impl Calls {
         let mut invocation = script.prepare_invoke();
         match mode {
             Mode::Exclusive => {
-                let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
-                for k in &keys {
-                    invocation.key(k.of(KeyKind::Lock));
+                for name in names {
+                    invocation.key(self.lock_keys(name).of(KeyKind::Lock));
                 }
-                for k in &keys {
-                    invocation.key(k.of(KeyKind::Fence));
+                for name in names {
+                    invocation.key(self.fence_key(name));
                 }
             }
             Mode::Fair | Mode::Shared | Mode::Permits(_) => {
                 let keys = self.lock_keys(&names[0]);
                 invocation
                     .key(keys.of(KeyKind::Lock))
-                    .key(keys.of(KeyKind::Fence));
+                    .key(self.fence_key(&names[0]));
                 if mode == Mode::Fair {
                     invocation
                         .key(keys.of(KeyKind::Queue))
@@ -469,37 +479,8 @@ impl Calls {
             };
         match reply.as_slice() {
             [1, fences @ ..] if fences.len() == names.len() => {
-                if let (Some(acks), Some(replicas)) = (acks, self.replicas)
-                    && acks < replicas.count
-                {
-                    // Not a grant until replicated: withdraw it (nobody waits for a lock
-                    // that never was).
-                    let short = self.too_few_replicas("grant", acks);
-                    return match self.release(conn, names, token, mode, false).await {
-                        Ok(_) => Err(short),
-                        Err(failure) => Err(NodeFailure {
-                            detail: format!("{}; withdrawing it failed too", short.detail),
-                            ..failure
-                        }),
-                    };
-                }
-                if fencing && mode == Mode::Exclusive {
-                    // The script raised each counter to the clock at least.
-                    let now = Instant::now();
-                    for name in names {
-                        self.fences.fresh_for(name, now, FENCE_LAG);
-                    }
-                }
-                Ok(Attempt::Acquired {
-                    fences: if fencing {
-                        fences
-                            .iter()
-                            .map(|f| u64::try_from(*f).unwrap_or(0))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
-                })
+                self.granted(conn, names, token, mode, fencing, fences, acks)
+                    .await
             }
             [0, index, pttl, rest @ ..] if rest.len() <= 1 => Ok(Attempt::Held {
                 index: usize::try_from(*index - 1).unwrap_or(0),
@@ -528,41 +509,118 @@ impl Calls {
         }
     }
 
-    /// A plain lock of one key, asked for with `SET NX PX GET`, the fence's `INCR` (after
-    /// `SET NX` of a seed, for a name whose counter most likely does not exist: see
-    /// [`FencePaths`]) and `PEXPIRE`, `TIME` and `PTTL` in one MULTI/EXEC instead of the
-    /// `ACQUIRE` script: the same answer for about half of Redis's CPU. A refused transaction
-    /// counts the fence on without a grant, which only leaves a gap.
-    ///
-    /// The transaction is what ties a grant to its fence: with the `SET` and the `INCR` apart,
-    /// another grant of the name could land between them (ours deleted by a forced release, on a
-    /// server that read our commands in two reads) and take the smaller token although it came
-    /// later. Without a fence (`TxFence::Off`: Redlock's default, `fencing(false)`) nothing needs
-    /// tying, as the `PTTL` only bounds a refused caller's wait: `SET` and `PTTL` go as a plain
-    /// pipeline, two commands and two replies instead of four and an array.
+    /// A grant's reply (`fences`: one per name, 0 without fencing), checked against
+    /// `min_replicas`' acknowledgements (`acks`): a grant too few replicas acknowledged is
+    /// withdrawn (nobody waits for a lock that never was) and answered as a failure.
+    #[allow(clippy::too_many_arguments)]
+    async fn granted<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        mode: Mode,
+        fencing: bool,
+        fences: &[i64],
+        acks: Option<u32>,
+    ) -> Result<Attempt, NodeFailure> {
+        if let (Some(acks), Some(replicas)) = (acks, self.replicas)
+            && acks < replicas.count
+        {
+            let short = self.too_few_replicas("grant", acks);
+            return match self.release(conn, names, token, mode, false).await {
+                Ok(_) => Err(short),
+                Err(failure) => Err(NodeFailure {
+                    detail: format!("{}; withdrawing it failed too", short.detail),
+                    ..failure
+                }),
+            };
+        }
+        Ok(Attempt::Acquired {
+            fences: if fencing {
+                fences
+                    .iter()
+                    .map(|f| u64::try_from(*f).unwrap_or(0))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// An exclusive lock of one key by [`scripts::ACQUIRE_ONE`]: `SET NX PX GET`, and with a
+    /// fence the counter's `INCR` and `TIME`, in one call. `None` when the key is not a string
+    /// (a shared lock or semaphore): [`scripts::ACQUIRE`] then marks a waiting writer or reports
+    /// the mismatch.
+    async fn acquire_one<C: Conn>(
+        &self,
+        conn: &C,
+        name: &Arc<str>,
+        token: &Token,
+        ask: Ask,
+    ) -> Option<Result<Attempt, NodeFailure>> {
+        let script: &Script = &scripts::ACQUIRE_ONE;
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.lock_keys(name).of(KeyKind::Lock))
+            .key(self.fence_key(name))
+            .arg(token.as_str())
+            .arg(millis(ask.ttl))
+            .arg(if ask.fencing { "1" } else { "0" });
+        let (reply, acks): (Vec<i64>, _) =
+            match self.invoke(conn, "acquire", script, &invocation).await {
+                Ok(reply) => reply,
+                Err(failure) => return Some(Err(failure)),
+            };
+        let names = std::slice::from_ref(name);
+        Some(match reply.as_slice() {
+            [1, fence] => {
+                self.granted(
+                    conn,
+                    names,
+                    token,
+                    Mode::Exclusive,
+                    ask.fencing,
+                    &[*fence],
+                    acks,
+                )
+                .await
+            }
+            [0, 1, pttl] => Ok(Attempt::Held {
+                index: 0,
+                // -1: the key has no expiry (set by someone else without one); wait by backoff.
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                ticket: None,
+            }),
+            [3] => return None,
+            _ => Err(NodeFailure::response(
+                &self.addr,
+                "acquire: unexpected reply",
+            )),
+        })
+    }
+
+    /// A plain lock of one key without a fence, asked for as a hand-written lock does:
+    /// `SET NX PX GET`, with `PTTL` behind it in the same write (it bounds a refused caller's
+    /// wait), two commands and no script.
     /// `None` when the script must answer: the key holds our token already (a resent attempt:
-    /// the script refreshes it), is of another type (a shared lock or semaphore: the script
-    /// marks a waiting writer or reports the mismatch), or the server refused the transaction.
+    /// the script refreshes it), or is of another type (a shared lock or semaphore: the script
+    /// marks a waiting writer or reports the mismatch).
     async fn acquire_plain<C: Conn>(
         &self,
         conn: &C,
         name: &str,
         token: &Token,
         ttl: Duration,
-        fencing: TxFence,
     ) -> Option<Result<Attempt, NodeFailure>> {
         let keys = self.lock_keys(name);
         let lock = keys.arg(KeyKind::Lock);
-        let fence = (fencing != TxFence::Off).then(|| keys.arg(KeyKind::Fence));
         // Each command sized up front: no buffer grows while it is written.
         let command = |name: &str, args: usize, bytes: usize| {
             let mut cmd = Cmd::with_capacity(args + 1, name.len() + bytes);
             cmd.arg(name);
             cmd
         };
-        // MULTI and EXEC written out in a plain pipeline, not as redis-rs's atomic pipeline: that
-        // one loses count of the replies when the server refuses the MULTI itself.
-        let mut pipe = redis::Pipeline::with_capacity(if fence.is_some() { 8 } else { 2 });
+        let mut pipe = redis::Pipeline::with_capacity(2);
         let mut set = command("SET", 6, lock.len() + token.as_str().len() + 32);
         set.arg(&lock)
             .arg(token.as_str())
@@ -570,32 +628,9 @@ impl Calls {
             .arg("PX")
             .arg(millis(ttl))
             .arg("GET");
-        pipe.ignore_errors();
-        if fence.is_some() {
-            pipe.add_command(command("MULTI", 0, 0));
-        }
-        pipe.add_command(set);
-        if let Some(fence) = &fence {
-            if let TxFence::Seed(seed) = fencing {
-                let mut seeding = command("SET", 3, fence.len() + 24);
-                seeding.arg(fence).arg(seed).arg("NX");
-                pipe.add_command(seeding);
-            }
-            let mut incr = command("INCR", 1, fence.len());
-            incr.arg(fence);
-            // The counter lives an hour past its name's last grant (see `scripts::FENCE_IDLE`).
-            let mut expire = command("PEXPIRE", 2, fence.len() + 8);
-            expire.arg(fence).arg(millis(scripts::FENCE_IDLE));
-            pipe.add_command(incr)
-                .add_command(expire)
-                .add_command(command("TIME", 0, 0));
-        }
         let mut pttl = command("PTTL", 1, lock.len());
         pttl.arg(&lock);
-        pipe.add_command(pttl);
-        if fence.is_some() {
-            pipe.add_command(command("EXEC", 0, 0));
-        }
+        pipe.ignore_errors().add_command(set).add_command(pttl);
         let mut c = conn.clone();
         let replies: Vec<Value> = match self.bounded("acquire", pipe.query_async(&mut c)).await {
             Ok(replies) => replies,
@@ -607,133 +642,29 @@ impl Calls {
                 "acquire: unexpected reply",
             )))
         };
-        let results = if fence.is_none() {
-            replies
-        } else {
-            match Self::executed(replies) {
-                Ok(results) => results,
-                Err(refused) => {
-                    if refused {
-                        // The refusal stays the same (an ACL without MULTI or EXEC), so the
-                        // script answers from now on.
-                        self.plain.store(false, Ordering::Relaxed);
-                    }
-                    return None;
-                }
-            }
+        let [set, pttl] = replies.as_slice() else {
+            return unexpected();
         };
-        let (set, counted, pttl) = match (results.as_slice(), fencing) {
-            ([set, _, counted, _, clock, pttl], TxFence::Seed(_))
-            | ([set, counted, _, clock, pttl], TxFence::Count) => {
-                (set, Some((counted, clock)), pttl)
-            }
-            ([set, pttl], TxFence::Off) => (set, None, pttl),
-            _ => return unexpected(),
-        };
-        let replied = Instant::now();
-        let clock = counted.and_then(|(_, clock)| self.fences.read_clock(clock, replied));
         match set {
-            Value::Nil => {}
-            Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => {
-                return None;
-            }
+            Value::Nil => Some(Ok(Attempt::Acquired { fences: Vec::new() })),
+            Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => None,
             Value::BulkString(_) => {
                 let Value::Int(pttl) = pttl else {
                     return unexpected();
                 };
-                return Some(Ok(Attempt::Held {
+                Some(Ok(Attempt::Held {
                     index: 0,
                     pttl: match *pttl {
-                        // The holder let go between the `SET` and the `PTTL` (not tied without
-                        // a fence): ask again soon.
+                        // The holder let go between the `SET` and the `PTTL`: ask again soon.
                         -2 => Some(Duration::ZERO),
                         // -1: no expiry (set by someone else without one): wait by backoff.
                         pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
                     },
                     ticket: None,
-                }));
+                }))
             }
-            Value::ServerError(_) => return None,
-            _ => return unexpected(),
-        }
-        // Granted.
-        let fences = match (counted, fence) {
-            (Some((Value::Int(f), _)), Some(fence)) => {
-                let margin = clock.map(|clock| *f - (clock - scripts::FENCE_LAG_US));
-                if let Some(margin) = margin.filter(|m| *m > 0) {
-                    // Close enough to the clock: the token as counted.
-                    let margin = Duration::from_micros(u64::try_from(margin).unwrap_or(0));
-                    self.fences.fresh_for(name, replied, margin);
-                    vec![u64::try_from(*f).unwrap_or(0)]
-                } else {
-                    // Lost, recreated, or behind after a failover: raised to the clock.
-                    let mut invocation = scripts::SEED_FENCE.prepare_invoke();
-                    invocation.key(fence);
-                    match self
-                        .bounded("acquire", invocation.invoke_async::<u64>(&mut c))
-                        .await
-                    {
-                        Ok(f) => {
-                            self.fences.fresh_for(name, Instant::now(), FENCE_LAG);
-                            vec![f]
-                        }
-                        Err(failure) => {
-                            return Some(Err(self.withdraw(conn, name, token, failure).await));
-                        }
-                    }
-                }
-            }
-            (Some(_), Some(_)) => {
-                // The script refuses before writing; here the `SET` ran.
-                let failure =
-                    NodeFailure::response(&self.addr, "acquire: the fence counter is not a number");
-                return Some(Err(self.withdraw(conn, name, token, failure).await));
-            }
-            _ => Vec::new(),
-        };
-        Some(Ok(Attempt::Acquired { fences }))
-    }
-
-    /// The results of a MULTI/EXEC sent as a plain pipeline, or `Err(for_good)` when the server
-    /// did not run the transaction. `for_good`: an ACL refused the MULTI (the server then ran the
-    /// other commands on their own: the script finds the lock ours if that `SET` took it) or the
-    /// EXEC (the server discarded the transaction itself). Otherwise it refused the transaction
-    /// for now (out of memory, a read-only replica), and the script says why in its own words.
-    fn executed(mut replies: Vec<Value>) -> Result<Vec<Value>, bool> {
-        if !matches!(replies.first(), Some(Value::Okay)) {
-            return Err(true);
-        }
-        match replies.pop() {
-            Some(Value::Array(results)) => Ok(results),
-            Some(Value::ServerError(refused))
-                if refused.details().is_some_and(|d| d.contains("NOPERM")) =>
-            {
-                Err(true)
-            }
-            _ => Err(false),
-        }
-    }
-
-    /// Takes back a grant of `name` that has no fence (the counter is not a number, or seeding
-    /// it failed): no fence, no lock. Returns `failure`, saying so if the withdrawal failed too
-    /// (then the lock expires by its ttl, or the caller's release by token takes it back).
-    async fn withdraw<C: Conn>(
-        &self,
-        conn: &C,
-        name: &str,
-        token: &Token,
-        failure: NodeFailure,
-    ) -> NodeFailure {
-        let names = [Arc::<str>::from(name)];
-        match self
-            .release(conn, &names, token, Mode::Exclusive, false)
-            .await
-        {
-            Ok(_) => failure,
-            Err(also) => NodeFailure {
-                detail: format!("{}; withdrawing the grant failed too", failure.detail),
-                ..also
-            },
+            Value::ServerError(_) => None,
+            _ => unexpected(),
         }
     }
 
@@ -765,9 +696,8 @@ impl Calls {
                 } else {
                     &scripts::EXCLUSIVE_RELEASE
                 };
-                let mut call = ScriptCall::new(script, 4);
+                let mut call = ScriptCall::new(script, 3);
                 call.arg(keys.arg(KeyKind::Lock))
-                    .arg(keys.arg(KeyKind::Fence))
                     .arg(keys.arg(KeyKind::Queue))
                     .arg(keys.arg(KeyKind::QueueLeases))
                     .arg(token.as_str())
@@ -815,8 +745,7 @@ impl Calls {
     ) -> Result<(), NodeFailure> {
         let mut invocation = scripts::RAISE_FENCE.prepare_invoke();
         for (name, fence) in names.iter().zip(fences) {
-            let [_, fence_key, _] = self.keys(name);
-            invocation.key(fence_key).arg(*fence);
+            invocation.key(self.fence_key(name)).arg(*fence);
         }
         let mut conn = conn.clone();
         self.bounded("raise fence", invocation.invoke_async::<i64>(&mut conn))
@@ -882,7 +811,6 @@ pub(crate) fn inspect_invocation(prefix: &str, name: &str) -> ScriptInvocation<'
     let mut invocation = script.prepare_invoke();
     invocation
         .key(keys.of(KeyKind::Lock))
-        .key(keys.of(KeyKind::Fence))
         .key(keys.of(KeyKind::QueueLeases));
     invocation
 }
@@ -897,7 +825,7 @@ pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeHold>> {
     let count = |n: i64| usize::try_from(n).unwrap_or(0);
     match reply {
         [only] if int(only) == Some(-2) => Some(None),
-        [pttl, fence, holders, queued, records @ ..] => {
+        [pttl, holders, queued, records @ ..] => {
             let mut owners = Vec::with_capacity(records.len());
             for record in records {
                 let Value::BulkString(record) = record else {
@@ -907,7 +835,9 @@ pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeHold>> {
             }
             Some(Some(NodeHold {
                 remaining: u64::try_from(int(pttl)?).ok().map(Duration::from_millis),
-                fencing_token: u64::try_from(int(fence)?).ok(),
+                // One fence counter per server, not a token per lock: the holder's token is
+                // its own to know.
+                fencing_token: None,
                 holders: count(int(holders)?),
                 queued: count(int(queued)?),
                 owners,

@@ -1,25 +1,65 @@
-//! The key layout of a lock on Redis: its lock key, fence counter, release channel and fair
-//! queue, all in one Cluster slot, and the way back from a key to its lock's name.
+//! The key layout of a lock on Redis: its lock key, release channel and fair queue, all in one
+//! Cluster slot, the way back from a key to its lock's name, and the fence counters (one per
+//! server, or one per slot on a Cluster).
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
-/// The Redis lock key, fence counter key and release channel of the lock `name` under `prefix`,
-/// in that order.
+use crate::backend::cluster::key_slot;
+
+/// The Redis lock key and release channel of the lock `name` under `prefix`, in that order.
 ///
 /// The layout is injective: no two names (and no name and kind) share a key, whatever braces the
-/// names contain. All three carry one Redis Cluster hash tag, so they live in one slot:
+/// names contain. Both carry one Redis Cluster hash tag, so they live in one slot:
 /// - a name without a hash tag is escaped (`%` -> `%25`, `{` -> `%7B`, `}` -> `%7D`) and wrapped
-///   in braces: `lock:{wallet:42}`, `lock:{wallet:42}:fence`, `lock:{wallet:42}:released`;
+///   in braces: `lock:{wallet:42}`, `lock:{wallet:42}:released`;
 /// - a name with a hash tag `{t}` keeps `t` as the tag, so names that share a tag share a slot,
-///   followed by `=` and the escaped name: `lock:{t}=a:%7Bt%7D`, `lock:{t}:fence=a:%7Bt%7D`, ...
+///   followed by `=` and the escaped name: `lock:{t}=a:%7Bt%7D`, `lock:{t}:released=a:%7Bt%7D`.
 ///
-/// The part after the first `}` tells the two apart: it is exactly `""`, `:fence` or `:released`
-/// (or, for fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
+/// The part after the first `}` tells the two apart: it is exactly `""` or `:released` (or, for
+/// fair locks, `:queue` and `:queue-leases`) without a tag, and carries an `=` with one.
 /// The public side of this layout is [`crate::layout`].
-pub(crate) fn redis_keys(prefix: &str, name: &str) -> [String; 3] {
+pub(crate) fn redis_keys(prefix: &str, name: &str) -> [String; 2] {
     let keys = LockKeys::new(prefix, name);
-    [KeyKind::Lock, KeyKind::Fence, KeyKind::Released].map(|kind| keys.of(kind))
+    [KeyKind::Lock, KeyKind::Released].map(|kind| keys.of(kind))
 }
+
+/// The fence counter of a server (a single node, a Sentinel master, each Redlock node): one key,
+/// `<prefix>fence`, for every lock under `prefix`. No lock's key is it: those have a `{` right
+/// after the prefix.
+pub(crate) fn server_fence_key(prefix: &str) -> String {
+    [prefix, "fence"].concat()
+}
+
+/// The fence counter of the Cluster hash slot that the lock `name` under `prefix` lives in:
+/// `<prefix>fence{<n>}`, where `<n>` is the smallest number whose decimal digits hash to that
+/// slot, so the counter shares the slot with the lock's keys (one script reaches both) and every
+/// lock in the slot counts on it. At most 16,384 counters, however many names.
+pub(crate) fn slot_fence_key(prefix: &str, name: &str) -> String {
+    let lock = LockKeys::new(prefix, name).of(KeyKind::Lock);
+    let slot = key_slot(&lock);
+    format!("{prefix}fence{{{}}}", SLOT_TAGS[usize::from(slot)])
+}
+
+/// Per Cluster hash slot, the smallest number whose decimal digits hash to it (all 16,384 are
+/// found below 110,000: a few milliseconds, once).
+static SLOT_TAGS: LazyLock<Box<[u32]>> = LazyLock::new(|| {
+    let mut tags = vec![u32::MAX; SLOTS];
+    let mut left = SLOTS;
+    let mut n = 0u32;
+    while left > 0 {
+        let slot = usize::from(key_slot(&n.to_string()));
+        if tags[slot] == u32::MAX {
+            tags[slot] = n;
+            left -= 1;
+        }
+        n += 1;
+    }
+    tags.into_boxed_slice()
+});
+
+/// How many hash slots a Redis Cluster has.
+const SLOTS: usize = 16_384;
 
 /// The Redis key (or channel) of `kind` of the lock `name` under `prefix` (see [`redis_keys`]).
 pub(crate) fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
@@ -95,8 +135,6 @@ pub enum KeyKind {
     /// The lock key itself (`lock:{wallet:42}`): an exclusive or fair lock's holder, a shared
     /// lock's or semaphore's holders.
     Lock,
-    /// The fence counter (`lock:{wallet:42}:fence`).
-    Fence,
     /// The release channel (`lock:{wallet:42}:released`): a pub/sub channel, not a key.
     Released,
     /// A fair lock's waiters, scored by ticket (arrival) (`lock:{wallet:42}:queue`).
@@ -110,7 +148,6 @@ impl KeyKind {
     fn suffix(self) -> &'static str {
         match self {
             KeyKind::Lock => "",
-            KeyKind::Fence => ":fence",
             KeyKind::Released => ":released",
             KeyKind::Queue => ":queue",
             KeyKind::QueueLeases => ":queue-leases",
@@ -209,14 +246,10 @@ mod tests {
         let keys = |name: &str| redis_keys("lock:", name);
         assert_eq!(
             keys("wallet:42"),
-            [
-                "lock:{wallet:42}",
-                "lock:{wallet:42}:fence",
-                "lock:{wallet:42}:released"
-            ]
+            ["lock:{wallet:42}", "lock:{wallet:42}:released"]
         );
         assert_eq!(keys("a{t}b")[0], "lock:{t}=a%7Bt%7Db");
-        assert_eq!(keys("a{t}b")[1], "lock:{t}:fence=a%7Bt%7Db");
+        assert_eq!(keys("a{t}b")[1], "lock:{t}:released=a%7Bt%7Db");
         assert_eq!(keys("odd{}")[0], "lock:{odd%7B%7D}");
     }
 
@@ -226,7 +259,6 @@ mod tests {
             let keys = LockKeys::new("lock:", name);
             for kind in [
                 KeyKind::Lock,
-                KeyKind::Fence,
                 KeyKind::Released,
                 KeyKind::Queue,
                 KeyKind::QueueLeases,
@@ -271,9 +303,11 @@ mod tests {
         ];
         let mut seen = std::collections::HashMap::new();
         for name in names {
-            let [lock, fence, released] = keys_of(name);
+            let [lock, released] = keys_of(name);
             let own = own_channel(released.clone(), Some(0x0123_4567_89ab_cdef));
-            for (kind, key) in [lock, fence, released, own].into_iter().enumerate() {
+            let fences = [server_fence_key("lock:"), slot_fence_key("lock:", name)];
+            for (kind, key) in [lock, released, own].into_iter().enumerate() {
+                assert!(!fences.contains(&key), "{key} is a fence counter");
                 if let Some(other) = seen.insert(key.clone(), (name, kind)) {
                     panic!("{key} is both {other:?} and {:?}", (name, kind));
                 }
@@ -281,7 +315,7 @@ mod tests {
         }
     }
 
-    fn keys_of(name: &str) -> [String; 3] {
+    fn keys_of(name: &str) -> [String; 2] {
         redis_keys("lock:", name)
     }
 
@@ -299,17 +333,14 @@ mod tests {
             "{x}:fence",
         ] {
             let keys = redis_keys("lock:", name);
-            for (kind, key) in [KeyKind::Lock, KeyKind::Fence, KeyKind::Released]
-                .into_iter()
-                .zip(&keys)
-            {
+            for (kind, key) in [KeyKind::Lock, KeyKind::Released].into_iter().zip(&keys) {
                 assert_eq!(
                     lock_name_of("lock:", key, kind).as_deref(),
                     Some(name),
                     "{key}"
                 );
             }
-            let own = own_channel(keys[2].clone(), Some(u64::MAX));
+            let own = own_channel(keys[1].clone(), Some(u64::MAX));
             assert_eq!(
                 lock_name_of("lock:", &own, KeyKind::Released).as_deref(),
                 Some(name),
@@ -322,6 +353,13 @@ mod tests {
                 None,
                 "{name}"
             );
+            for fence in [server_fence_key("lock:"), slot_fence_key("lock:", name)] {
+                assert_eq!(
+                    lock_name_of("lock:", &fence, KeyKind::Lock),
+                    None,
+                    "{fence}"
+                );
+            }
             assert_eq!(
                 lock_name_of("other:", &keys[0], KeyKind::Lock),
                 None,
@@ -339,13 +377,23 @@ mod tests {
     }
 
     #[test]
-    fn the_three_keys_share_a_slot() {
+    fn a_locks_keys_and_its_slots_fence_counter_share_a_slot() {
         for name in ["wallet:42", "a{t}b", "{x}", "a}b", "{{x}", "x{}"] {
             let keys = redis_keys("lock:", name);
             let tags: Vec<_> = keys.iter().map(|k| hash_tag(k)).collect();
             assert!(tags[0].is_some(), "{name}: {keys:?}");
             assert!(tags.iter().all(|t| *t == tags[0]), "{name}: {keys:?}");
+            let fence = slot_fence_key("lock:", name);
+            assert_eq!(key_slot(&fence), key_slot(&keys[0]), "{name}: {fence}");
         }
         assert_eq!(hash_tag(&redis_keys("lock:", "a{t}b")[0]), Some("t"));
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_that_hashes_to_it() {
+        assert!(SLOT_TAGS.iter().all(|t| *t < 110_000));
+        for (slot, tag) in SLOT_TAGS.iter().enumerate().step_by(997) {
+            assert_eq!(usize::from(key_slot(&tag.to_string())), slot);
+        }
     }
 }

@@ -30,7 +30,7 @@ pub(crate) use addr::NodeAddr;
 pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
 pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;
-pub(crate) use keys::{lock_name_of, own_channel, redis_key};
+pub(crate) use keys::{lock_name_of, own_channel, redis_key, server_fence_key, slot_fence_key};
 pub(crate) use pubsub::{OpenPubSub, PubSub, Subscriptions};
 pub(crate) use single::{SingleConfig, ValidSingle};
 
@@ -255,7 +255,7 @@ impl Node for RedisNode {
     }
 
     fn watch(&self, name: &str, own: Option<u64>) -> Subscription {
-        let [_, _, channel] = self.calls.keys(name);
+        let [_, channel] = self.calls.keys(name);
         self.subs.watch(name, own_channel(channel, own))
     }
 }

@@ -242,7 +242,7 @@ impl Drop for Unwatch {
 }
 
 /// What a release message says: a fair lock's hand-off names the waiter it went to by ticket,
-/// with the new fence and the digest of its token (see `scripts::FAIR_RELEASE`); anything else
+/// with a fence (0 from Redis: a waiter that wants one asks) and the digest of its token (see `scripts::FAIR_RELEASE`); anything else
 /// ("", garbage) is for every waiter (ticket 0).
 fn hand_off(payload: &[u8]) -> (u64, Option<HandOff>) {
     let text = std::str::from_utf8(payload).unwrap_or_default();

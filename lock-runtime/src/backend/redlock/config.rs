@@ -61,11 +61,6 @@ impl ValidBackend for ValidRedlock {
         self.nodes.iter().any(NodeAddr::uses_tls)
     }
 
-    /// A token costs a write-back round trip per acquire here (see `LockConfig::fencing`).
-    fn fencing_default(&self) -> bool {
-        false
-    }
-
     fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
         let nodes = self
             .nodes
