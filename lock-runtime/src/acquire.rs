@@ -512,7 +512,7 @@ pub(crate) async fn acquire(
             starving,
         };
         // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
-        // `min_replicas` or a fence seeding failed, Cluster's slot groups): it is cut at the
+        // `min_replicas`, a refused waiter's mark, Cluster's slot groups): it is cut at the
         // bound, and its outcome is then unknown.
         let attempt = match answer_by {
             Some(by) => {

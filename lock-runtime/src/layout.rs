@@ -23,6 +23,7 @@
 //! | [`Released`](RedisKeyKind::Released) | `lock:{wallet:42}:released` | not a key: the pub/sub channel each release that frees the lock is announced on (an empty message, `PUBLISH`, or `SPUBLISH` on a Cluster); a release that hands the lock to a queued waiter tells it alone, on its own channel `lock:{wallet:42}:released{<16 hex digits of its token's SHA-1>}` |
 //! | [`Queue`](RedisKeyKind::Queue) | `lock:{wallet:42}:queue` | a fair lock's waiters: a sorted set of their tokens scored by arrival (server microseconds) |
 //! | [`QueueLeases`](RedisKeyKind::QueueLeases) | `lock:{wallet:42}:queue-leases` | the same waiters scored by the expiry of their entry's lease (server milliseconds) |
+//! | [`Waiting`](RedisKeyKind::Waiting) | `lock:{wallet:42}:waiting` | that someone waits (`1`, living as long as the longest waiter's lease): a refused waiter sets it, the release that frees the lock deletes it with the lock and only then announces itself or hands the lock on |
 //!
 //! The layout is injective: under one prefix no two lock names (and no name and kind) share a key
 //! or channel, whatever braces or `%` the names contain, so [`redis_lock_name`] reads the name

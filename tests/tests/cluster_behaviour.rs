@@ -93,7 +93,8 @@ async fn multi_key_locks_in_one_slot_and_across_slots() {
         "the first slot's key was given back"
     );
     held.release().await.unwrap();
-    let both = a.lock_many([x.clone(), y.clone()]).acquire().await.unwrap();
+    let both = a.lock_many([x.clone(), y.clone()]).fencing(true).acquire();
+    let both = both.await.unwrap();
     assert!(both.fencing_token_of(&x).is_some() && both.fencing_token_of(&y).is_some());
     assert_eq!(cluster.keys(&lx), [lx.as_str()]);
     both.release().await.unwrap();

@@ -62,7 +62,7 @@ async fn writes_below_the_largest_token_are_refused_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_superseded_holders_late_write_is_refused() {
     let server = RedisServer::start();
-    let locks = client(LockConfig::single(server.url()));
+    let locks = client(LockConfig::single(server.url()).fencing(true));
     let mut conn = server
         .client()
         .get_multiplexed_async_connection()

@@ -1,4 +1,4 @@
-//! The behaviour suite on Redlock: five independent masters, fencing on.
+//! The behaviour suite on Redlock: five independent masters.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod behaviour;
@@ -8,10 +8,7 @@ use lock_tests::RedisMasters;
 
 fn fixture() -> behaviour::Fx {
     let masters = RedisMasters::start(5);
-    behaviour::Fx::new(
-        LockConfig::redlock(masters.urls()).fencing(true),
-        masters.nodes,
-    )
+    behaviour::Fx::new(LockConfig::redlock(masters.urls()), masters.nodes)
 }
 
 behaviour_tests!(fixture());

@@ -225,7 +225,7 @@ async fn tls_cluster_plain_url_is_unavailable() {
 async fn tls_sentinel_lock_works() {
     let set = SentinelSet::shared_tls();
     lock_works(
-        LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls()),
+        LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls()).fencing(true),
         Duration::from_millis(500),
         |key| set.subscribers(&lock_keys(key).channel) > 0,
     )

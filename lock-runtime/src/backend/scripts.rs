@@ -194,8 +194,10 @@ local function grant_fence(k)
 end
 ";
 
-/// One exclusive lock of one key. KEYS: lock, fence counter. ARGV: token, ttl_ms, fencing ("1"
-/// or "0"). [`ACQUIRE`] for one key in fewer commands: `SET NX PX GET` takes the lock and reads
+/// One exclusive lock of one key. KEYS: lock, fence counter, waiting flag. ARGV: token, ttl_ms,
+/// fencing ("1" or "0"), lease_ms (how long a refused caller waits before it asks again, at most:
+/// it marks the lock waited for that long, see [`EXCLUSIVE_RELEASE`]; "0": it does not wait).
+/// [`ACQUIRE`] for one key in fewer commands: `SET NX PX GET` takes the lock and reads
 /// its holder at once, and a grant's token costs `INCR` and `TIME`. The counter is counted first,
 /// so a counter that is not a number fails the call before the lock is written (a refusal then
 /// leaves a gap in the counter, nothing else).
@@ -206,8 +208,9 @@ pub(crate) static ACQUIRE_ONE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\n",
         FENCE,
+        MARK_WAITING,
         r"
-local K, F, token, ttl = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local K, F, W, token, ttl = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 local f = 0
 if ARGV[3] == '1' then f = count_fence(F) end
 local holder = redis.pcall('SET', K, token, 'NX', 'PX', ttl, 'GET')
@@ -215,6 +218,7 @@ if type(holder) == 'table' then return {3} end
 if holder == token then
   redis.call('PEXPIRE', K, ttl)
 elseif holder then
+  if ARGV[4] ~= '0' then mark_waiting(W, ARGV[4]) end
   return {0, 1, redis.call('PTTL', K)}
 end
 if ARGV[3] == '1' then f = floor_fence(F, f) end
@@ -252,9 +256,21 @@ fn script(parts: &[&str]) -> Script {
     Script::new(&parts.concat())
 }
 
-/// A fair lock. KEYS: lock, fence, queue, queue leases. ARGV: token, ttl_ms, fencing ("1" or
-/// "0"), queue ("1": the caller waits if refused), lease_ms (how long the caller's place lives
-/// unless renewed, at most ttl_ms).
+/// Lua that defines `mark_waiting(w, ms)`: the lock's waiting flag `w` (see
+/// [`EXCLUSIVE_RELEASE`]) lives at least `ms` more milliseconds.
+const MARK_WAITING: &str = r"
+local function mark_waiting(w, ms)
+  if not redis.call('SET', w, '1', 'NX', 'PX', ms) then
+    redis.call('PEXPIRE', w, ms, 'GT')
+  end
+end
+";
+
+/// A fair lock. KEYS: lock, fence, queue, queue leases, waiting flag. ARGV: token, ttl_ms,
+/// fencing ("1" or "0"), queue ("1": the caller waits if refused), lease_ms (how long the
+/// caller's place lives unless renewed, at most ttl_ms). A caller that takes or renews a place
+/// also marks the lock waited for, as long as its place lives, so that a plain lock's release
+/// (see [`EXCLUSIVE_RELEASE`]) hands it on.
 ///
 /// The lock is granted when it is free and the caller is first in the queue (or the queue is
 /// empty), or when a release already handed it to the caller. Otherwise a waiting caller joins
@@ -264,11 +280,12 @@ fn script(parts: &[&str]) -> Script {
 /// `{2, 1, n}` when the key holds a shared lock (`n` 0) or a semaphore of `n` permits.
 pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "#!lua\nlocal K, F, Q, E = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        "#!lua\nlocal K, F, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]\n",
         NOW,
         FENCE,
         PERMITS_OF,
         PURGE_QUEUE,
+        MARK_WAITING,
         r"
 local token, ttl, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local holder = redis.pcall('GET', K)
@@ -296,6 +313,7 @@ if ARGV[4] == '1' then
   for _, k in ipairs({Q, E}) do
     if redis.call('PTTL', k) < lease then redis.call('PEXPIRE', k, lease) end
   end
+  mark_waiting(W, lease)
 end
 local pttl
 if holder then
@@ -334,12 +352,15 @@ if holder then return released end
 /// the first waiter in the queue `Q` (see [`FAIR_RELEASE`]), telling only that waiter, on its
 /// own channel: the release channel `ARGV[3]` followed by its token's digest in braces
 /// (`ARGV[2]`: the publish command; see `keys::own_channel`). Leaves `head` (the waiter's token
-/// and ticket, empty when nobody was in line). Needs [`NOW`].
+/// and ticket, empty when nobody was in line) and `handed` (how long the handed lock lives, in
+/// milliseconds; 0 when nobody was in line). Needs [`NOW`].
 const HAND_TO_HEAD: &str = r"
 local head = redis.call('ZRANGE', Q, 0, 0, 'WITHSCORES')
+local handed = 0
 if head[1] then
   local lease = tonumber(redis.call('ZSCORE', E, head[1])) - now
-  redis.call('SET', K, head[1], 'PX', math.max(lease, 1))
+  handed = math.max(lease, 1)
+  redis.call('SET', K, head[1], 'PX', handed)
   redis.call('ZREM', Q, head[1])
   redis.call('ZREM', E, head[1])
   local digest = string.sub(redis.sha1hex(head[1]), 1, 16)
@@ -375,18 +396,22 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, queue, queue
-/// leases. ARGV: token, the publish command, release channel, wake ("1": a release wakes
-/// every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
+/// leases, waiting flag. ARGV: token, the publish command, release channel, wake ("1": a release
+/// wakes every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
 ///
-/// Deletes the lock if `token` holds it. A waiter that has waited past its threshold takes a
-/// place in the lock's queue as a fair waiter does (see `acquire.rs`), so while the queue is not
-/// empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, and only that waiter
-/// is told, withdrawal or not. Otherwise (the common case: one `EXISTS` more than [`RELEASE`])
-/// every waiter is woken. Returns 1 when `token` held the lock.
+/// Deletes the lock if `token` holds it. Whether anyone waits is the waiting flag, which every
+/// refused waiter sets (as long as its lease: see `Calls::acquire_plain`), and a release deletes
+/// with the lock, in one `DEL`: when it was not there (the common case) the release is `GET` and
+/// `DEL`, the hand-written lock's. When it was, a waiter that waited past its threshold may have
+/// a place in the lock's queue (as a fair waiter does, see `acquire.rs`), and while the queue is
+/// not empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, only that waiter
+/// is told, withdrawal or not, and the flag stays as long as the handed lock or a place in line
+/// does. Otherwise every waiter is woken, and each refused one sets the flag again. A withdrawal
+/// leaves the flag to the waiters it is theirs. Returns 1 when `token` held the lock.
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "local K, Q, E = KEYS[1], KEYS[2], KEYS[3]\n",
-        TAKE_BACK,
+        "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        TAKE_BACK_QUIETLY,
         r"
 if redis.call('EXISTS', Q) == 0 then
   if released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
@@ -397,12 +422,36 @@ end
         LEAVE_QUEUE,
         PURGE_QUEUE,
         HAND_TO_HEAD,
+        MARK_WAITING,
         r"
+if handed > 0 then mark_waiting(W, handed) end
+local last = redis.call('ZRANGE', E, -1, -1, 'WITHSCORES')
+if last[1] then mark_waiting(W, math.max(tonumber(last[2]) - now, 1)) end
 if not head[1] and released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
 return released
 ",
     ])
 });
+
+/// Lua for [`EXCLUSIVE_RELEASE`]: deletes the lock `K` if `ARGV[1]` (the token) holds it, with
+/// the waiting flag `W` when it wakes (`ARGV[4]`), and returns at once when nobody waits (the
+/// flag was not there). Leaves `released` and `holder` as [`TAKE_BACK`] does.
+const TAKE_BACK_QUIETLY: &str = r"
+local released = 0
+local holder = redis.pcall('GET', K)
+if holder == ARGV[1] then
+  released = 1
+  holder = false
+  if ARGV[4] == '1' then
+    if redis.call('DEL', K, W) == 1 then return 1 end
+  else
+    redis.call('DEL', K)
+    if redis.call('EXISTS', W) == 0 then return 1 end
+  end
+elseif redis.call('EXISTS', W) == 0 then
+  return 0
+end
+";
 
 /// A shared lock (`ARGV[4]` = "0") or one permit of a semaphore (`ARGV[4]` = the permit count).
 /// KEYS: lock, fence. ARGV: token, ttl_ms, fencing ("1" or "0"), permits.

@@ -664,23 +664,38 @@ fn stale_writes(writes: &[Write]) -> Vec<Violation> {
     found
 }
 
-/// Keys asked for after the heal that nobody held within a ttl (+ slack) of it.
+/// Keys asked for after the heal that nobody held within a ttl (+ slack) of it. An ask for
+/// several keys counts for one of them only when none of its other keys was held in that
+/// window: its refusal does not say which key was taken (the campaign found a key asked for only
+/// together with one contended throughout, and reported it unhealed).
 fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
     let window_end = bounds.healed_ns + bounds.ttl_ns + bounds.slack_ns;
     if window_end > bounds.end_ns {
         return Vec::new();
     }
-    let mut asked: BTreeMap<&str, BTreeMap<Outcome, usize>> = BTreeMap::new();
     let mut held: BTreeMap<&str, bool> = BTreeMap::new();
     for op in ops {
         for key in &op.keys {
-            if op.invoke_ns >= bounds.healed_ns && op.invoke_ns < window_end {
-                *asked.entry(key).or_default().entry(op.outcome).or_default() += 1;
-            }
             let in_window = op.outcome == Outcome::Acquired
                 && op.hold_start_ns <= window_end
                 && op.effective_end_ns() >= bounds.healed_ns;
             *held.entry(key).or_default() |= in_window;
+        }
+    }
+    let mut asked: BTreeMap<&str, BTreeMap<Outcome, usize>> = BTreeMap::new();
+    for op in ops {
+        if op.invoke_ns < bounds.healed_ns || op.invoke_ns >= window_end {
+            continue;
+        }
+        for key in &op.keys {
+            let others_free = op
+                .keys
+                .iter()
+                .filter(|other| *other != key)
+                .all(|other| !held.get(other.as_str()).copied().unwrap_or(false));
+            if others_free {
+                *asked.entry(key).or_default().entry(op.outcome).or_default() += 1;
+            }
         }
     }
     asked
@@ -1143,6 +1158,23 @@ mod tests {
         );
         ops.push(hold(2, "k", 9, 11_000, 11_010));
         assert!(violations(&ops, &[], &[]).is_empty());
+    }
+
+    /// An ask for two keys refused after the heal while one of them was held throughout says
+    /// nothing of the other: not reported. With both free, it does.
+    #[test]
+    fn a_refused_ask_for_two_keys_counts_only_where_the_other_was_free() {
+        let mut ops = clean_history();
+        let mut both = hold(1, "a", 0, 10_500, 10_500);
+        both.keys.push("b".to_owned());
+        both.fences.push(0);
+        both.outcome = Outcome::Contended;
+        ops.push(both);
+        let found = violations(&ops, &[], &[]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        ops.push(hold(2, "a", 9, 9_900, 11_500));
+        let found = violations(&ops, &[], &[]);
+        assert!(found.is_empty(), "{found:?}");
     }
     /// A clock step of `kind` on `servers` from `start` to `end` ms.
     fn clock_step(kind: FaultKind, servers: &[usize], start: u64, end: u64) -> Fault {

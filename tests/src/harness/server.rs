@@ -714,6 +714,33 @@ impl Stats {
             .map_or(0, |n| self.number(n, &prefix))
     }
 
+    /// The `calls` of every command that came, by name (lowercase; a subcommand as
+    /// `config|set`): the commands a script ran are counted too.
+    pub fn calls(&self) -> std::collections::BTreeMap<String, u64> {
+        self.info
+            .lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_"))
+            .filter_map(|line| {
+                let (command, _) = line.split_once(':')?;
+                Some((command.to_owned(), self.command(command, "calls")))
+            })
+            .collect()
+    }
+
+    /// What ran between `earlier` and this reading: each command's calls, without those that did
+    /// not come in between, nor the readings' own `INFO`.
+    pub fn since(&self, earlier: &Stats) -> std::collections::BTreeMap<String, u64> {
+        let before = earlier.calls();
+        self.calls()
+            .into_iter()
+            .map(|(command, n)| {
+                let was = before.get(&command).copied().unwrap_or(0);
+                (command, n - was)
+            })
+            .filter(|(command, n)| *n > 0 && command != "info")
+            .collect()
+    }
+
     /// How many replies were the error `code` (e.g. `NOSCRIPT`); 0 when there was none.
     pub fn errors(&self, code: &str) -> u64 {
         let prefix = format!("errorstat_{code}:count=");

@@ -46,6 +46,8 @@ pub struct LockKeys {
     pub queue: String,
     /// A fair lock's waiters, by the expiry of their entry's lease.
     pub queue_leases: String,
+    /// That someone waits for the lock (set by refused waiters, deleted by the release).
+    pub waiting: String,
 }
 
 /// The keys of lock `name` with the default prefix (the runtime's own layout, braces escaped:
@@ -60,6 +62,7 @@ pub fn lock_keys(name: &str) -> LockKeys {
         channel: key(RedisKeyKind::Released),
         queue: key(RedisKeyKind::Queue),
         queue_leases: key(RedisKeyKind::QueueLeases),
+        waiting: key(RedisKeyKind::Waiting),
     }
 }
 

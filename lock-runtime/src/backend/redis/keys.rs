@@ -142,6 +142,10 @@ pub enum KeyKind {
     /// A fair lock's waiters, scored by the expiry of their entry's lease
     /// (`lock:{wallet:42}:queue-leases`).
     QueueLeases,
+    /// That someone waits for the lock (`lock:{wallet:42}:waiting`, a string with a time to
+    /// live): set by a waiter's refused attempt, deleted by the release that frees the lock,
+    /// which only then looks at the queue or announces itself.
+    Waiting,
 }
 
 impl KeyKind {
@@ -151,6 +155,7 @@ impl KeyKind {
             KeyKind::Released => ":released",
             KeyKind::Queue => ":queue",
             KeyKind::QueueLeases => ":queue-leases",
+            KeyKind::Waiting => ":waiting",
         }
     }
 }
@@ -262,6 +267,7 @@ mod tests {
                 KeyKind::Released,
                 KeyKind::Queue,
                 KeyKind::QueueLeases,
+                KeyKind::Waiting,
             ] {
                 let arg = keys.arg(kind);
                 let written = redis::ToRedisArgs::to_redis_args(&arg);
@@ -295,6 +301,9 @@ mod tests {
             "x:released",
             "{y}:fence",
             "y",
+            "{x}:waiting",
+            "x:waiting",
+            "{x}:queue",
             // Names that end as a waiter's own channel does.
             "x:released{0123456789abcdef}",
             "{x}:released{0123456789abcdef}",
@@ -306,7 +315,10 @@ mod tests {
             let [lock, released] = keys_of(name);
             let own = own_channel(released.clone(), Some(0x0123_4567_89ab_cdef));
             let fences = [server_fence_key("lock:"), slot_fence_key("lock:", name)];
-            for (kind, key) in [lock, released, own].into_iter().enumerate() {
+            let [queue, leases, waiting] = [KeyKind::Queue, KeyKind::QueueLeases, KeyKind::Waiting]
+                .map(|kind| LockKeys::new("lock:", name).of(kind));
+            let all = [lock, released, own, queue, leases, waiting];
+            for (kind, key) in all.into_iter().enumerate() {
                 assert!(!fences.contains(&key), "{key} is a fence counter");
                 if let Some(other) = seen.insert(key.clone(), (name, kind)) {
                     panic!("{key} is both {other:?} and {:?}", (name, kind));

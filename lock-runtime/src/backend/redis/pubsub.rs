@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{PushKind, RedisResult};
@@ -33,6 +33,10 @@ impl PubSub for ConnectionManager {
 pub(crate) type PushFn =
     Arc<dyn Fn(redis::PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync>;
 
+/// How long a lock's release channel stays subscribed after its last waiter left (see
+/// `Entry::idle_since`): a lock contended again within it costs no subscription round trip.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// Opens the notification connection (lazily connecting, resubscribing after reconnects).
 pub(crate) type OpenPubSub =
     Box<dyn Fn(PushFn) -> BoxFuture<'static, RedisResult<Box<dyn PubSub>>> + Send + Sync>;
@@ -57,6 +61,12 @@ pub(crate) struct Subscriptions {
 struct Entry {
     name: Arc<str>,
     waiters: usize,
+    /// A lock's release channel (not a waiter's own) stays subscribed [`LINGER`] after its last
+    /// waiter left, so that a lock contended again and again costs no `SUBSCRIBE` and
+    /// `UNSUBSCRIBE` per wait: since when it has no waiter (`None`: it has, or it does not
+    /// linger).
+    idle_since: Option<Instant>,
+    lingers: bool,
     /// `Some(true)` once subscribed on the server, `Some(false)` when that failed.
     confirmed: watch::Sender<Option<bool>>,
 }
@@ -83,12 +93,16 @@ impl Subscriptions {
     pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
         let confirmed = {
             let mut table = self.table();
+            let lingers = !channel.ends_with('}');
             let entry = table.entry(channel.clone()).or_insert_with(|| Entry {
                 name: name.into(),
                 waiters: 0,
+                idle_since: None,
+                lingers,
                 confirmed: watch::channel(None).0,
             });
             entry.waiters += 1;
+            entry.idle_since = None;
             if *entry.confirmed.borrow() == Some(false) {
                 // The last try failed: this waiter waits for the next one.
                 entry.confirmed.send_replace(None);
@@ -164,14 +178,26 @@ impl Subscriptions {
             }
         };
         let mut subscribed: HashSet<String> = HashSet::new();
+        // Whether a channel lingers without waiters: then look again within `LINGER`.
+        let mut lingering = false;
         loop {
-            self.kick.notified().await;
+            if lingering {
+                let _ = tokio::time::timeout(LINGER, self.kick.notified()).await;
+            } else {
+                self.kick.notified().await;
+            }
             if Arc::strong_count(&self) == 1 {
                 return; // the node is gone
             }
             let (add, remove) = {
                 let mut table = self.table();
-                table.retain(|_, e| e.waiters > 0);
+                let now = Instant::now();
+                table.retain(|_, e| {
+                    e.waiters > 0
+                        || e.idle_since
+                            .is_some_and(|idle| now.saturating_duration_since(idle) < LINGER)
+                });
+                lingering = table.values().any(|e| e.waiters == 0);
                 let add: Vec<String> = table
                     .iter()
                     .filter(|(c, e)| {
@@ -230,6 +256,9 @@ impl Drop for Unwatch {
             match table.get_mut(&self.channel) {
                 Some(entry) => {
                     entry.waiters -= 1;
+                    if entry.waiters == 0 && entry.lingers {
+                        entry.idle_since = Some(Instant::now());
+                    }
                     entry.waiters == 0
                 }
                 None => false,
@@ -242,8 +271,8 @@ impl Drop for Unwatch {
 }
 
 /// What a release message says: a fair lock's hand-off names the waiter it went to by ticket,
-/// with a fence (0 from Redis: a waiter that wants one asks) and the digest of its token (see `scripts::FAIR_RELEASE`); anything else
-/// ("", garbage) is for every waiter (ticket 0).
+/// with a fence (0 from Redis: a waiter that wants one asks) and the digest of its token (see
+/// `scripts::FAIR_RELEASE`); anything else ("", garbage) is for every waiter (ticket 0).
 fn hand_off(payload: &[u8]) -> (u64, Option<HandOff>) {
     let text = std::str::from_utf8(payload).unwrap_or_default();
     let mut parts = text.split(' ');

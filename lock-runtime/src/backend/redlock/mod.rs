@@ -8,7 +8,7 @@
 //! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
 //! minority of nodes rather than sitting on a bare quorum), after a lost one they withdraw what
 //! they were granted. Until the decision, the nodes' parts are polled by the call itself (see
-//! [`Fanout`]): a call from a caller's runtime then sends and reads its requests on that
+//! `fanout.rs`): a call from a caller's runtime then sends and reads its requests on that
 //! runtime's own connections, as on a single node. The operations of one token reach each node
 //! in order (one acquire call keeps its token across attempts): a late withdrawal never deletes a
 //! newer grant, a late grant never lands after the release.
@@ -17,23 +17,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
 use super::{
     Ask, Attempt, BoxFuture, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch,
 };
-use crate::callers::{self, Routed};
 use crate::error::NodeFailure;
-use crate::signal::Signal;
 use crate::wait::WakeRegistry;
 mod config;
+mod fanout;
 mod gate;
 
 pub(crate) use config::RedlockConfig;
+use fanout::{Fanout, NodeSignal, NodeSignals, NodeStep, OpEntry, OpKey};
 pub(crate) use gate::gate_of;
 use gate::{GATE_PATIENCE, GateCopy, Memory};
 
@@ -56,173 +53,6 @@ impl std::fmt::Debug for Quorum {
             .field("nodes", &self.nodes)
             .field("quorum", &self.quorum)
             .finish_non_exhaustive()
-    }
-}
-
-/// The token of one acquisition (tokens are unique per acquisition).
-type OpKey = Token;
-
-/// Per node, in node order: how the operation is going there.
-type NodeSignals = Arc<[NodeSignal]>;
-
-#[derive(Default)]
-struct NodeSignal {
-    /// Raised once the operation is over on the node.
-    done: Signal,
-    /// Set when the node failed the operation (no answer in time, broken connection).
-    failure: Mutex<Option<NodeFailure>>,
-}
-
-/// One node's part of an operation. It starts after the same token's previous operation is over on
-/// that node, and signals its own end when dropped.
-struct NodeStep {
-    index: usize,
-    previous: Option<NodeSignals>,
-    op: Arc<OpEntry>,
-}
-
-impl NodeStep {
-    async fn after_previous(&self) {
-        if let Some(previous) = &self.previous {
-            previous[self.index].done.raised().await;
-        }
-    }
-
-    /// How the node failed the previous operation, if it did and that operation is still busy
-    /// there.
-    fn node_failing(&self) -> Option<NodeFailure> {
-        let signal = &self.previous.as_ref()?[self.index];
-        if signal.done.is_raised() {
-            return None;
-        }
-        signal
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Ends a step that sends nothing, after the same token's previous operation on its node,
-    /// as every step does: ending it at once would let the next operation's step on that node
-    /// overtake the previous one still in flight there (a late withdrawal would then delete the
-    /// next attempt's grant).
-    fn end_unused(self, tasks: &TaskTracker) {
-        let busy = self
-            .previous
-            .as_ref()
-            .is_some_and(|previous| !previous[self.index].done.is_raised());
-        if busy {
-            tasks.spawn(async move { self.after_previous().await });
-        }
-    }
-
-    /// Whether a later operation of the same token has begun (the lock's release, or its keep):
-    /// the lock is no longer wanted on more nodes.
-    fn superseded(&self) -> bool {
-        self.op
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&self.op.key)
-            .is_none_or(|current| !Arc::ptr_eq(current, &self.op.signals))
-    }
-
-    fn mark_failed(&self, failure: &NodeFailure) {
-        *self.op.signals[self.index]
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(failure.clone());
-    }
-}
-
-impl Drop for NodeStep {
-    fn drop(&mut self) {
-        self.op.signals[self.index].done.raise();
-    }
-}
-
-/// Removes the operation from `in_flight` once its last node step is dropped, unless a later
-/// operation of the same token replaced it.
-struct OpEntry {
-    key: OpKey,
-    signals: NodeSignals,
-    in_flight: Arc<Mutex<HashMap<OpKey, NodeSignals>>>,
-}
-
-impl Drop for OpEntry {
-    fn drop(&mut self) {
-        let mut in_flight = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if in_flight
-            .get(&self.key)
-            .is_some_and(|current| Arc::ptr_eq(current, &self.signals))
-        {
-            in_flight.remove(&self.key);
-        }
-    }
-}
-
-/// The nodes' parts of one operation. Until the operation is decided they are polled by the call
-/// itself, in the caller's task: a call from a caller's runtime then writes and reads its requests
-/// on that runtime's own connection to each node (see `redis/local.rs`), as a hand-written loop
-/// does, instead of handing each over to the library's runtime and back. Once decided (or if the
-/// call stops waiting for it), the parts still running go on as a task of `tasks`, with the call's
-/// route: a frozen minority never holds up the caller, and no part is cut off halfway.
-struct Fanout {
-    running: FuturesUnordered<BoxFuture<'static, ()>>,
-    tasks: TaskTracker,
-    /// The runtime the rest runs on: the one whose context the call entered.
-    runtime: Option<Handle>,
-}
-
-impl Fanout {
-    fn new(tasks: &TaskTracker) -> Self {
-        Fanout {
-            running: FuturesUnordered::new(),
-            tasks: tasks.clone(),
-            runtime: Handle::try_current().ok(),
-        }
-    }
-
-    fn push(&mut self, part: impl Future<Output = ()> + Send + 'static) {
-        self.running.push(Box::pin(part));
-    }
-
-    /// The next of `replies`, polling the parts meanwhile; `None` once every sender is gone.
-    async fn next<T>(&mut self, replies: &mut mpsc::UnboundedReceiver<T>) -> Option<T> {
-        loop {
-            tokio::select! {
-                biased;
-                reply = replies.recv() => return reply,
-                Some(()) = self.running.next(), if !self.running.is_empty() => {}
-            }
-        }
-    }
-
-    /// Ends the parts that are done once the decision is out (kept grants), and lets the others
-    /// go on as a task.
-    fn decided(mut self) {
-        while let Some(Some(())) = self.running.next().now_or_never() {}
-    }
-}
-
-impl Drop for Fanout {
-    fn drop(&mut self) {
-        if self.running.is_empty() {
-            return;
-        }
-        let mut running = std::mem::take(&mut self.running);
-        let rest = Routed {
-            route: callers::current(),
-            work: Box::pin(async move { while running.next().await.is_some() {} }),
-        };
-        // Always set: the nodes' requests are bounded by tokio's timers, so the call runs in a
-        // runtime's context.
-        if let Some(runtime) = &self.runtime {
-            self.tasks.spawn_on(rest, runtime);
-        }
     }
 }
 

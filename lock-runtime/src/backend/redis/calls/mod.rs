@@ -7,17 +7,17 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ScriptInvocation, ToRedisArgs, Value};
 
+mod extend;
+mod inspect;
+
+pub(crate) use inspect::{decode_inspect, inspect_invocation};
+
 use super::keys::{KeyKind, LockKeys, redis_keys, server_fence_key, slot_fence_key};
 use crate::backend::scripts;
 use crate::backend::wait_pool::WaitPool;
-use crate::backend::{
-    Ask, Attempt, ExtendItem, ExtendOutcome, Mode, NodeHold, Token, millis, millis_up,
-};
+use crate::backend::{Ask, Attempt, Mode, Token, millis, millis_up};
 use crate::config::Settings;
 use crate::error::{FailureKind, NodeFailure};
-
-/// How many extensions go into one pipeline (one round trip).
-const EXTEND_CHUNK: usize = 512;
 
 /// The `WAIT` after every grant and renewal (`min_replicas`).
 #[derive(Debug, Clone, Copy)]
@@ -242,138 +242,6 @@ impl Calls {
         )
     }
 
-    pub(crate) async fn extend_chunk<C: Conn>(
-        &self,
-        conn: &C,
-        chunk: &[ExtendItem<'_>],
-    ) -> Vec<ExtendOutcome> {
-        // With `min_replicas` the pipeline ends in `WAIT`: on a connection of its own.
-        let Some(pool) = self.replicas.and(self.waits.as_ref()) else {
-            return self.extend_chunk_on(&mut conn.clone(), chunk).await.0;
-        };
-        let mut own = match self.bounded("connect", pool.take()).await {
-            Ok(own) => own,
-            Err(failure) => return ExtendOutcome::all_failed(chunk.len(), &failure),
-        };
-        let (outcomes, answered) = self.extend_chunk_on(&mut own, chunk).await;
-        if answered {
-            pool.give_back(own);
-        }
-        outcomes
-    }
-
-    /// Extends `chunk` in one pipeline on `conn`, and says whether the server answered.
-    async fn extend_chunk_on<D: ConnectionLike + Send>(
-        &self,
-        conn: &mut D,
-        chunk: &[ExtendItem<'_>],
-    ) -> (Vec<ExtendOutcome>, bool) {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for item in chunk {
-            let mut invocation = match item.mode {
-                Mode::Exclusive | Mode::Fair => scripts::EXTEND.prepare_invoke(),
-                Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
-            };
-            for name in item.names {
-                invocation.key(self.lock_keys(name).of(KeyKind::Lock));
-            }
-            invocation.arg(item.token.as_str()).arg(millis(item.ttl));
-            pipe.invoke_script(&invocation);
-        }
-        if let Some(replicas) = self.replicas {
-            pipe.cmd("WAIT")
-                .arg(replicas.count)
-                .arg(millis(replicas.timeout));
-        }
-        let mut replies = self
-            .bounded(
-                "extend",
-                pipe.query_async::<Vec<RedisResult<i64>>>(&mut *conn),
-            )
-            .await;
-        let lost_scripts = |r: &Result<Vec<RedisResult<i64>>, NodeFailure>| {
-            r.as_ref().is_ok_and(|items| {
-                items.iter().any(|i| {
-                    i.as_ref().is_err_and(|e| {
-                        e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                    })
-                })
-            })
-        };
-        if lost_scripts(&replies) {
-            // The server lost its script cache (restart, SCRIPT FLUSH): load once and resend.
-            let load = async {
-                scripts::EXTEND.load_async(&mut *conn).await?;
-                scripts::SHARED_EXTEND.load_async(&mut *conn).await
-            };
-            replies = match self.bounded("script load", load).await {
-                Ok(_) => self.bounded("extend", pipe.query_async(&mut *conn)).await,
-                Err(failure) => Err(failure),
-            };
-        }
-        // With `min_replicas`, the last reply is WAIT's count: too few acknowledgements turn
-        // every extension of the chunk into a failed (retried) one.
-        let short = match (&mut replies, self.replicas) {
-            (Ok(items), Some(replicas)) if items.len() == chunk.len() + 1 => match items.pop() {
-                Some(Ok(acks)) if acks >= i64::from(replicas.count) => None,
-                Some(Ok(acks)) => {
-                    Some(self.too_few_replicas("renewal", u32::try_from(acks).unwrap_or(0)))
-                }
-                Some(Err(err)) => Some(NodeFailure::from_redis(&self.addr, &err)),
-                None => None,
-            },
-            _ => None,
-        };
-        let outcomes = match replies {
-            Ok(items) if items.len() == chunk.len() => items
-                .into_iter()
-                .map(|reply| match reply {
-                    Ok(1) => match &short {
-                        Some(failure) => ExtendOutcome::Failed(failure.clone()),
-                        None => ExtendOutcome::Extended,
-                    },
-                    Ok(n) => ExtendOutcome::NotOwned {
-                        index: usize::try_from(-n - 1).unwrap_or(0),
-                    },
-                    Err(err) => ExtendOutcome::Failed(NodeFailure::from_redis(&self.addr, &err)),
-                })
-                .collect(),
-            Ok(_) => {
-                let failure = NodeFailure::response(&self.addr, "extend: wrong number of replies");
-                return (ExtendOutcome::all_failed(chunk.len(), &failure), false);
-            }
-            Err(failure) => return (ExtendOutcome::all_failed(chunk.len(), &failure), false),
-        };
-        (outcomes, true)
-    }
-
-    pub(crate) async fn extend_many<C: Conn>(
-        &self,
-        conn: &C,
-        items: &[ExtendItem<'_>],
-    ) -> Vec<ExtendOutcome> {
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(EXTEND_CHUNK) {
-            out.extend(self.extend_chunk(conn, chunk).await);
-        }
-        out
-    }
-
-    pub(crate) async fn inspect<C: Conn>(
-        &self,
-        conn: &C,
-        name: &str,
-    ) -> Result<Option<NodeHold>, NodeFailure> {
-        let invocation = inspect_invocation(&self.prefix, name);
-        let mut conn = conn.clone();
-        let reply: Vec<Value> = self
-            .bounded("inspect", invocation.invoke_async(&mut conn))
-            .await?;
-        decode_inspect(&reply)
-            .ok_or_else(|| NodeFailure::response(&self.addr, "inspect: unexpected reply"))
-    }
-
     pub(crate) async fn force_release<C: Conn>(
         &self,
         conn: &C,
@@ -420,7 +288,7 @@ impl Calls {
             && mode == Mode::Exclusive
         {
             let answer = if self.plain && !fencing {
-                self.acquire_plain(conn, name, token, ttl).await
+                self.acquire_plain(conn, name, token, ask).await
             } else {
                 self.acquire_one(conn, name, token, ask).await
             };
@@ -452,7 +320,8 @@ impl Calls {
                 if mode == Mode::Fair {
                     invocation
                         .key(keys.of(KeyKind::Queue))
-                        .key(keys.of(KeyKind::QueueLeases));
+                        .key(keys.of(KeyKind::QueueLeases))
+                        .key(keys.of(KeyKind::Waiting));
                 }
             }
         }
@@ -559,13 +428,20 @@ impl Calls {
         ask: Ask,
     ) -> Option<Result<Attempt, NodeFailure>> {
         let script: &Script = &scripts::ACQUIRE_ONE;
+        let keys = self.lock_keys(name);
         let mut invocation = script.prepare_invoke();
         invocation
-            .key(self.lock_keys(name).of(KeyKind::Lock))
+            .key(keys.of(KeyKind::Lock))
             .key(self.fence_key(name))
+            .key(keys.of(KeyKind::Waiting))
             .arg(token.as_str())
             .arg(millis(ask.ttl))
-            .arg(if ask.fencing { "1" } else { "0" });
+            .arg(if ask.fencing { "1" } else { "0" })
+            .arg(if ask.queue {
+                millis(ask.lease).max(1)
+            } else {
+                0
+            });
         let (reply, acks): (Vec<i64>, _) =
             match self.invoke(conn, "acquire", script, &invocation).await {
                 Ok(reply) => reply,
@@ -599,9 +475,12 @@ impl Calls {
         })
     }
 
-    /// A plain lock of one key without a fence, asked for as a hand-written lock does:
-    /// `SET NX PX GET`, with `PTTL` behind it in the same write (it bounds a refused caller's
-    /// wait), two commands and no script.
+    /// A plain lock of one key without a fence, asked for as a hand-written lock does: one
+    /// `SET NX PX GET`, no script. A refused caller that waits then marks the lock waited for
+    /// (its waiting flag, for as long as its lease: a release that finds no flag wakes nobody,
+    /// see [`scripts::EXCLUSIVE_RELEASE`]) and reads its time to live, which bounds the wait, in
+    /// a second round trip: the flag first, so that a release that did not see it came before
+    /// the `PTTL`, which then says the lock is free (ask again at once).
     /// `None` when the script must answer: the key holds our token already (a resent attempt:
     /// the script refreshes it), or is of another type (a shared lock or semaphore: the script
     /// marks a waiting writer or reports the mismatch).
@@ -610,7 +489,7 @@ impl Calls {
         conn: &C,
         name: &str,
         token: &Token,
-        ttl: Duration,
+        ask: Ask,
     ) -> Option<Result<Attempt, NodeFailure>> {
         let keys = self.lock_keys(name);
         let lock = keys.arg(KeyKind::Lock);
@@ -620,52 +499,69 @@ impl Calls {
             cmd.arg(name);
             cmd
         };
-        let mut pipe = redis::Pipeline::with_capacity(2);
         let mut set = command("SET", 6, lock.len() + token.as_str().len() + 32);
         set.arg(&lock)
             .arg(token.as_str())
             .arg("NX")
             .arg("PX")
-            .arg(millis(ttl))
+            .arg(millis(ask.ttl))
             .arg("GET");
-        let mut pttl = command("PTTL", 1, lock.len());
-        pttl.arg(&lock);
-        pipe.ignore_errors().add_command(set).add_command(pttl);
         let mut c = conn.clone();
-        let replies: Vec<Value> = match self.bounded("acquire", pipe.query_async(&mut c)).await {
-            Ok(replies) => replies,
-            Err(failure) => return Some(Err(failure)),
-        };
         let unexpected = || {
             Some(Err(NodeFailure::response(
                 &self.addr,
                 "acquire: unexpected reply",
             )))
         };
-        let [set, pttl] = replies.as_slice() else {
-            return unexpected();
+        let reply: Value = match self.bounded("acquire", set.query_async(&mut c)).await {
+            Ok(reply) => reply,
+            // Another type (WRONGTYPE): the script answers.
+            Err(failure) if failure.kind == FailureKind::Response => return None,
+            Err(failure) => return Some(Err(failure)),
         };
-        match set {
-            Value::Nil => Some(Ok(Attempt::Acquired { fences: Vec::new() })),
-            Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => None,
-            Value::BulkString(_) => {
-                let Value::Int(pttl) = pttl else {
-                    return unexpected();
-                };
-                Some(Ok(Attempt::Held {
-                    index: 0,
-                    pttl: match *pttl {
-                        // The holder let go between the `SET` and the `PTTL`: ask again soon.
-                        -2 => Some(Duration::ZERO),
-                        // -1: no expiry (set by someone else without one): wait by backoff.
-                        pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
-                    },
-                    ticket: None,
-                }))
+        match reply {
+            Value::Nil => return Some(Ok(Attempt::Acquired { fences: Vec::new() })),
+            Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => {
+                return None;
             }
-            Value::ServerError(_) => None,
-            _ => unexpected(),
+            Value::BulkString(_) => {}
+            _ => return unexpected(),
         }
+        if !ask.queue {
+            // It does not wait: nothing to mark, and no wait to bound.
+            return Some(Ok(Attempt::Held {
+                index: 0,
+                pttl: None,
+                ticket: None,
+            }));
+        }
+        let waiting = keys.arg(KeyKind::Waiting);
+        let mut mark = command("SET", 5, waiting.len() + 24);
+        mark.arg(&waiting)
+            .arg("1")
+            .arg("PX")
+            .arg(millis(ask.lease).max(1));
+        let mut pttl = command("PTTL", 1, lock.len());
+        pttl.arg(&lock);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(mark).ignore().add_command(pttl);
+        let pttl: i64 = match self
+            .bounded("acquire", pipe.query_async::<(i64,)>(&mut c))
+            .await
+        {
+            Ok((pttl,)) => pttl,
+            Err(failure) => return Some(Err(failure)),
+        };
+        Some(Ok(Attempt::Held {
+            index: 0,
+            pttl: match pttl {
+                // The holder let go since the `SET`: ask again soon.
+                -2 => Some(Duration::ZERO),
+                // -1: no expiry (set by someone else without one): wait by backoff.
+                pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
+            },
+            ticket: None,
+        }))
     }
 
     pub(crate) async fn release<C: Conn>(
@@ -696,11 +592,15 @@ impl Calls {
                 } else {
                     &scripts::EXCLUSIVE_RELEASE
                 };
-                let mut call = ScriptCall::new(script, 3);
+                let fair = mode == Mode::Fair;
+                let mut call = ScriptCall::new(script, if fair { 3 } else { 4 });
                 call.arg(keys.arg(KeyKind::Lock))
                     .arg(keys.arg(KeyKind::Queue))
-                    .arg(keys.arg(KeyKind::QueueLeases))
-                    .arg(token.as_str())
+                    .arg(keys.arg(KeyKind::QueueLeases));
+                if !fair {
+                    call.arg(keys.arg(KeyKind::Waiting));
+                }
+                call.arg(token.as_str())
                     .arg(self.publish)
                     .arg(keys.arg(KeyKind::Released))
                     .arg(if wake { "1" } else { "0" });
@@ -802,47 +702,3 @@ impl ScriptCall {
 pub(crate) trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
 
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> Conn for T {}
-
-/// The inspect script's call (see [`scripts::INSPECT`]) for the lock `name` under `prefix`: its
-/// KEYS are set, it takes no ARGV.
-pub(crate) fn inspect_invocation(prefix: &str, name: &str) -> ScriptInvocation<'static> {
-    let keys = LockKeys::new(prefix, name);
-    let script: &'static Script = &scripts::INSPECT;
-    let mut invocation = script.prepare_invoke();
-    invocation
-        .key(keys.of(KeyKind::Lock))
-        .key(keys.of(KeyKind::QueueLeases));
-    invocation
-}
-
-/// Reads the inspect script's reply (see [`scripts::INSPECT`]): `Some(None)` when the lock is
-/// not held, `None` when the reply is not one of the script's.
-pub(crate) fn decode_inspect(reply: &[Value]) -> Option<Option<NodeHold>> {
-    let int = |v: &Value| match v {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    };
-    let count = |n: i64| usize::try_from(n).unwrap_or(0);
-    match reply {
-        [only] if int(only) == Some(-2) => Some(None),
-        [pttl, holders, queued, records @ ..] => {
-            let mut owners = Vec::with_capacity(records.len());
-            for record in records {
-                let Value::BulkString(record) = record else {
-                    return None;
-                };
-                owners.extend(crate::owner::parse(record));
-            }
-            Some(Some(NodeHold {
-                remaining: u64::try_from(int(pttl)?).ok().map(Duration::from_millis),
-                // One fence counter per server, not a token per lock: the holder's token is
-                // its own to know.
-                fencing_token: None,
-                holders: count(int(holders)?),
-                queued: count(int(queued)?),
-                owners,
-            }))
-        }
-        _ => None,
-    }
-}
