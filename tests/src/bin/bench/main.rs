@@ -5,7 +5,7 @@
 //! cargo run --release -p lock-tests --features bench --bin bench -- [--url redis://HOST:PORT/] [--secs 3]
 //!     [--warmup 1] [--tasks 16] [--handoffs 500] [--waiters 8] [--samples 1000]
 //!     [--held N] [--only pairs,handoff,memory,redlock,multi,contended,held,topology]
-//!     [--impls crate,hosted,multiplexed,foreign] [--no-fencing] [--json]
+//!     [--impls crate,hosted,multiplexed,foreign] [--fencing] [--json]
 //! ```
 //!
 //! With `--json` the tables go to stderr and stdout gets one JSON object: `{"figures": {name:
@@ -133,11 +133,7 @@ fn main() -> Res<()> {
         },
         opts.secs.as_secs_f64(),
         opts.warmup.as_secs_f64(),
-        if opts.fencing() {
-            "default (single node on, Redlock off)"
-        } else {
-            "off"
-        },
+        if opts.fencing() { "on" } else { "off" },
     );
     let _ = writeln!(report, "load average at start: {load_start}");
     report.flush();

@@ -42,9 +42,9 @@ pub(crate) struct Opts {
     #[arg(long, value_name = "A,B,..", value_delimiter = ',', action = clap::ArgAction::Set,
           value_parser = ["crate", "hosted", "multiplexed", "foreign"])]
     pub(crate) impls: Vec<String>,
-    /// Fencing off everywhere (by default on for a single node, off for Redlock).
+    /// Fencing tokens on everywhere (off by default on Redis, as the library's default is).
     #[arg(long)]
-    no_fencing: bool,
+    fencing: bool,
     /// Tables on stderr, the figures as one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
@@ -65,16 +65,11 @@ impl Opts {
     }
 
     pub(crate) fn fencing(&self) -> bool {
-        !self.no_fencing
+        self.fencing
     }
 
     pub(crate) fn config(&self, config: LockConfig) -> LockConfig {
-        // Only when asked: the default differs by mode (on for single node, off for Redlock).
-        if self.fencing() {
-            config
-        } else {
-            config.fencing(false)
-        }
+        config.fencing(self.fencing)
     }
 }
 

@@ -38,7 +38,7 @@ pub(crate) async fn run(bench: &Bench, report: &mut Report) -> Res<()> {
         "lock", "sections/s", "hand-off p50", "hand-off p99", "owner changes", "Jain", "wait p99"
     );
     let masters = RedisMasters::start(3);
-    let redlock = LockConfig::redlock(masters.urls()).fencing(true);
+    let redlock = LockConfig::redlock(masters.urls());
     let setups = [
         ("default", "default", LockConfig::single(url), false),
         ("fair = true", "fair", LockConfig::single(url), true),
