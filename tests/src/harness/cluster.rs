@@ -13,6 +13,7 @@ use super::server::{RedisServer, ServerOptions};
 use super::store::RedisStore;
 use super::tls::{CA_CERT, CLIENT_CERT, CLIENT_KEY, TestCa};
 use super::util::{poll_until, reap_after_exit};
+use super::valkey::valkey_server_or_panic;
 
 const MASTERS: usize = 3;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -127,6 +128,19 @@ impl RedisCluster {
         SHARED.get_or_init(|| {
             RedisCluster::start_with(ServerOptions {
                 tls: Some(TestCa::shared().clone()),
+                ..ServerOptions::default()
+            })
+            .reaped_at_exit()
+        })
+    }
+
+    /// Like [`shared`](Self::shared), every node a `valkey-server` ([`valkey_server`](crate::valkey_server); panics
+    /// if there is none: a caller skips first). Joined by `redis-cli` all the same.
+    pub fn shared_valkey() -> &'static RedisCluster {
+        static SHARED: OnceLock<RedisCluster> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            RedisCluster::start_with(ServerOptions {
+                binary: Some(valkey_server_or_panic()),
                 ..ServerOptions::default()
             })
             .reaped_at_exit()

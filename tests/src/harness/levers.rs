@@ -158,20 +158,18 @@ impl LoadingServer {
 
     /// Starts the server and returns once it answers `LOADING` (panics if it never does).
     pub fn start_loading(&mut self) {
-        let child = Command::new(
-            std::env::var_os("LOCK_TESTS_REDIS_SERVER").unwrap_or_else(|| "redis-server".into()),
-        )
-        .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-        .arg("--dir")
-        .arg(self.dir.path())
-        .args(["--key-load-delay", &self.key_load_delay_us.to_string()])
-        .args(["--loading-process-events-interval-bytes", "1024"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn redis-server");
+        let child = Command::new(super::server::default_binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--key-load-delay", &self.key_load_delay_us.to_string()])
+            .args(["--loading-process-events-interval-bytes", "1024"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
         self.child = Some(child);
         let port = self.port;
         poll_until(LEVER_TIMEOUT, POLL, || {

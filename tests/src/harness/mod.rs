@@ -11,4 +11,5 @@ pub(crate) mod server;
 pub(crate) mod store;
 pub(crate) mod tls;
 pub(crate) mod util;
+pub(crate) mod valkey;
 pub(crate) mod worker;

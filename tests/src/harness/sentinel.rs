@@ -3,6 +3,7 @@
 // A harness failure should stop the test loudly, with context.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use super::server::{RedisServer, ServerOptions};
 use super::store::RedisStore;
 use super::tls::TestCa;
 use super::util::{poll_until, reap_after_exit};
+use super::valkey::valkey_server_or_panic;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Sentinels call the master down after this long without an answer...
@@ -34,6 +36,9 @@ pub struct SentinelOptions {
     pub proxied: bool,
     /// The sentinels' down-after time, if not the default 1 s.
     pub down_after: Option<Duration>,
+    /// The server program of every process, data nodes and sentinels (see
+    /// [`ServerOptions::binary`]).
+    pub binary: Option<PathBuf>,
 }
 
 /// Two data nodes (one master, one replica) watched by three sentinels under the master name
@@ -74,6 +79,7 @@ impl SentinelSet {
             .map(|p| vec!["--masterauth".into(), p.into()])
             .unwrap_or_default();
         let master = RedisServer::start_with(ServerOptions {
+            binary: opts.binary.clone(),
             requirepass: password.map(str::to_owned),
             tls: opts.tls.clone(),
             extra_args: [
@@ -84,6 +90,7 @@ impl SentinelSet {
             ..ServerOptions::default()
         });
         let replica = RedisServer::start_with(ServerOptions {
+            binary: opts.binary.clone(),
             requirepass: password.map(str::to_owned),
             tls: opts.tls.clone(),
             extra_args: [
@@ -139,6 +146,7 @@ impl SentinelSet {
                 format!("sentinel parallel-syncs {name} 1"),
             ],
             extra_args: vec!["--sentinel".into()],
+            binary: opts.binary.clone(),
             requirepass: opts.sentinel_password.clone(),
             tls: opts.tls.clone(),
             ..ServerOptions::default()
@@ -168,6 +176,19 @@ impl SentinelSet {
         SHARED.get_or_init(|| {
             SentinelSet::start_with(SentinelOptions {
                 tls: Some(TestCa::shared().clone()),
+                ..SentinelOptions::default()
+            })
+            .reaped_at_exit()
+        })
+    }
+
+    /// Like [`shared`](Self::shared), every process a `valkey-server` ([`valkey_server`](crate::valkey_server); panics
+    /// if there is none: a caller skips first).
+    pub fn shared_valkey() -> &'static SentinelSet {
+        static SHARED: OnceLock<SentinelSet> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            SentinelSet::start_with(SentinelOptions {
+                binary: Some(valkey_server_or_panic()),
                 ..SentinelOptions::default()
             })
             .reaped_at_exit()

@@ -22,6 +22,12 @@ use super::util::{free_port, poll_until};
 
 /// Overrides the `redis-server` binary (default: the one on `PATH`).
 const BINARY_ENV: &str = "LOCK_TESTS_REDIS_SERVER";
+
+/// The server program [`RedisServer`]s run unless [`ServerOptions::binary`] names another:
+/// `LOCK_TESTS_REDIS_SERVER`, else `redis-server` from `PATH`.
+pub(crate) fn default_binary() -> std::ffi::OsString {
+    std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into())
+}
 const START_ATTEMPTS: usize = 5;
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
 const READY_POLL: Duration = Duration::from_millis(10);
@@ -37,6 +43,9 @@ const CONFIG_FILE: &str = "redis.conf";
 /// How to start a [`RedisServer`].
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
+    /// The server program to run, e.g. a `valkey-server` ([`valkey_server`](crate::valkey_server));
+    /// `None`: `LOCK_TESTS_REDIS_SERVER`, else `redis-server` from `PATH`.
+    pub binary: Option<PathBuf>,
     /// Password of the `default` user (`requirepass`); [`RedisServer::url`] and
     /// [`RedisServer::admin`] then authenticate with it.
     pub requirepass: Option<String>,
@@ -496,7 +505,10 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
         .append(true)
         .open(dir.join(STDERR_FILE))
         .expect("open redis-server stderr file");
-    let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
+    let binary = opts
+        .binary
+        .as_ref()
+        .map_or_else(default_binary, |path| path.clone().into_os_string());
     let port_args: Vec<std::ffi::OsString> = match &opts.tls {
         None => vec!["--port".into(), port.to_string().into()],
         Some(ca) => [
@@ -543,7 +555,7 @@ fn spawn_ready(dir: &Path, opts: &ServerOptions, port: u16) -> Result<Child, Str
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn {binary:?} (is redis-server installed?): {e}"));
+        .unwrap_or_else(|e| panic!("spawn {binary:?} (is it installed?): {e}"));
     let client = client(opts, port).unwrap_or_else(|e| panic!("a client for port {port}: {e}"));
     let pid = child.id();
     let outcome = poll_until(READY_TIMEOUT, READY_POLL, || {
