@@ -80,10 +80,11 @@ pub(crate) enum Command {
     },
     /// Print one line per release until interrupted.
     ///
-    /// Redis: only releases are published (a holder's release, or `lockctl release`):
-    /// acquisitions are not, and neither are locks that expire because their holder died. Under
-    /// Redlock each node announces the release, so one release prints a line per node that held
-    /// it, naming the node.
+    /// Redis: only releases that someone waits for are published (a holder's release, or
+    /// `lockctl release`): acquisitions are not, a release nobody waits for is not (it costs
+    /// nothing more than the hand-written lock's), and neither are locks that expire because
+    /// their holder died. Under Redlock each node where someone waits announces the release, so
+    /// one release prints a line per such node, naming it.
     ///
     /// etcd: a line per lock at each revision that deleted any of its keys: a release (the
     /// holder's, or `lockctl release`), a lease that ran out (a holder that died), or a waiter

@@ -54,7 +54,7 @@ async fn on_redis(
     }
     if !json {
         eprintln!(
-            "watching releases of `{pattern}` on {} node(s); acquisitions are not published",
+            "watching releases of `{pattern}` on {} node(s); only releases someone waits for are published",
             nodes.len()
         );
     }

@@ -70,10 +70,7 @@ mod redlock {
 
     fn fixture() -> behaviour::Fx {
         let masters = RedisMasters::start_with(3, &valkey());
-        behaviour::Fx::new(
-            LockConfig::redlock(masters.urls()),
-            masters.nodes,
-        )
+        behaviour::Fx::new(LockConfig::redlock(masters.urls()), masters.nodes)
     }
 
     behaviour_tests!(on_valkey!(fixture()));

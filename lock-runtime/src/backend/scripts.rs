@@ -6,8 +6,10 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// KEYS: the n lock keys, then their n fence counters (the server's, or each key's slot's on a
-/// cluster: the same key repeated). ARGV: token, ttl_ms, fencing ("1" or "0"),
-/// mark_ms (how much longer the caller waits if refused, at most the ttl; "0": it does not).
+/// cluster: the same key repeated), then their n waiting flags. ARGV: token, ttl_ms, fencing
+/// ("1" or "0"), mark_ms (how much longer the caller waits if refused, at most the ttl; "0": it
+/// does not). A caller that waits, refused by an exclusive holder, marks that key waited for
+/// (see [`EXCLUSIVE_RELEASE`]) for `mark_ms`.
 /// Takes every lock key for the token, or none.
 /// Returns `{1, fence_1, ..., fence_n}` when every key is ours (fences 0 when fencing is off),
 /// `{0, i, pttl}` when someone else holds key `i`, `{2, i, n}` when key `i` is a semaphore of
@@ -29,8 +31,9 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         "#!lua\n",
         FENCE,
         PERMITS_OF,
+        MARK_WAITING,
         r"
-local n = #KEYS / 2
+local n = #KEYS / 3
 local ours = {}
 for i = 1, n do
   local holder = redis.pcall('GET', KEYS[i])
@@ -53,6 +56,7 @@ for i = 1, n do
   elseif type(holder) == 'table' then
     return holder
   elseif holder then
+    if ARGV[4] ~= '0' then mark_waiting(KEYS[2 * n + i], ARGV[4]) end
     return {0, i, redis.call('PTTL', KEYS[i])}
   end
 end
@@ -400,7 +404,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// wakes every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
 ///
 /// Deletes the lock if `token` holds it. Whether anyone waits is the waiting flag, which every
-/// refused waiter sets (as long as its lease: see `Calls::acquire_plain`), and a release deletes
+/// refused waiter sets (until its next attempt: see `Calls::acquire_plain`), and a release deletes
 /// with the lock, in one `DEL`: when it was not there (the common case) the release is `GET` and
 /// `DEL`, the hand-written lock's. When it was, a waiter that waited past its threshold may have
 /// a place in the lock's queue (as a fair waiter does, see `acquire.rs`), and while the queue is
@@ -454,7 +458,9 @@ end
 ";
 
 /// A shared lock (`ARGV[4]` = "0") or one permit of a semaphore (`ARGV[4]` = the permit count).
-/// KEYS: lock, fence. ARGV: token, ttl_ms, fencing ("1" or "0"), permits.
+/// KEYS: lock, fence, waiting flag. ARGV: token, ttl_ms, fencing ("1" or "0"), permits, mark_ms
+/// (how long a reader refused by an exclusive holder marks the lock waited for, see
+/// [`EXCLUSIVE_RELEASE`]; "0": it does not wait).
 ///
 /// The lock key is a sorted set: each holder's token scored by its lease's expiry (server
 /// milliseconds), a member `#shared` or `#permits=N` scored `+inf` saying what the key is, and
@@ -464,17 +470,21 @@ end
 /// with another mode (`n`: its permit count, 0 for shared, -1 for an exclusive lock).
 pub(crate) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
-        "#!lua\nlocal K, F = KEYS[1], KEYS[2]\n",
+        "#!lua\nlocal K, F, W = KEYS[1], KEYS[2], KEYS[3]\n",
         NOW,
         FENCE,
         PERMITS_OF,
+        MARK_WAITING,
         r"
 local token, ttl, permits = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local meta = '#shared'
 if permits > 0 then meta = '#permits=' .. permits end
 local kind = redis.call('TYPE', K).ok
 if kind == 'string' then
-  if permits == 0 then return {0, 1, redis.call('PTTL', K)} end
+  if permits == 0 then
+    if ARGV[5] ~= '0' then mark_waiting(W, ARGV[5]) end
+    return {0, 1, redis.call('PTTL', K)}
+  end
   return {2, 1, -1}
 end
 local ours = false

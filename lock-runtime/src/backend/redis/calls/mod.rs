@@ -311,6 +311,9 @@ impl Calls {
                 for name in names {
                     invocation.key(self.fence_key(name));
                 }
+                for name in names {
+                    invocation.key(self.lock_keys(name).of(KeyKind::Waiting));
+                }
             }
             Mode::Fair | Mode::Shared | Mode::Permits(_) => {
                 let keys = self.lock_keys(&names[0]);
@@ -320,9 +323,9 @@ impl Calls {
                 if mode == Mode::Fair {
                     invocation
                         .key(keys.of(KeyKind::Queue))
-                        .key(keys.of(KeyKind::QueueLeases))
-                        .key(keys.of(KeyKind::Waiting));
+                        .key(keys.of(KeyKind::QueueLeases));
                 }
+                invocation.key(keys.of(KeyKind::Waiting));
             }
         }
         invocation
@@ -336,6 +339,14 @@ impl Calls {
             Mode::Shared => invocation.arg(0),
             Mode::Permits(n) => invocation.arg(n),
         };
+        if matches!(mode, Mode::Shared | Mode::Permits(_)) {
+            // How long a reader refused by an exclusive holder marks it waited for.
+            invocation.arg(if queue {
+                millis(waits.min(lease)).max(1)
+            } else {
+                0
+            });
+        }
         let (reply, acks): (Vec<i64>, _) =
             match self.invoke(conn, "acquire", script, &invocation).await {
                 Err(failure) if queues && failure.kind == FailureKind::Permission => {
@@ -438,7 +449,7 @@ impl Calls {
             .arg(millis(ask.ttl))
             .arg(if ask.fencing { "1" } else { "0" })
             .arg(if ask.queue {
-                millis(ask.lease).max(1)
+                millis(ask.waits.min(ask.lease)).max(1)
             } else {
                 0
             });
@@ -477,8 +488,9 @@ impl Calls {
 
     /// A plain lock of one key without a fence, asked for as a hand-written lock does: one
     /// `SET NX PX GET`, no script. A refused caller that waits then marks the lock waited for
-    /// (its waiting flag, for as long as its lease: a release that finds no flag wakes nobody,
-    /// see [`scripts::EXCLUSIVE_RELEASE`]) and reads its time to live, which bounds the wait, in
+    /// (its waiting flag, until its next attempt at the latest: its lease, or the rest of its
+    /// wait when shorter, so a waiter that gives up leaves the flag no longer; a release that
+    /// finds no flag wakes nobody, see [`scripts::EXCLUSIVE_RELEASE`]) and reads its time to live, which bounds the wait, in
     /// a second round trip: the flag first, so that a release that did not see it came before
     /// the `PTTL`, which then says the lock is free (ask again at once).
     /// `None` when the script must answer: the key holds our token already (a resent attempt:
@@ -540,7 +552,7 @@ impl Calls {
         mark.arg(&waiting)
             .arg("1")
             .arg("PX")
-            .arg(millis(ask.lease).max(1));
+            .arg(millis(ask.waits.min(ask.lease)).max(1));
         let mut pttl = command("PTTL", 1, lock.len());
         pttl.arg(&lock);
         let mut pipe = redis::Pipeline::with_capacity(2);

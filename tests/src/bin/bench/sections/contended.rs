@@ -34,20 +34,43 @@ pub(crate) async fn run(bench: &Bench, report: &mut Report) -> Res<()> {
     );
     let _ = writeln!(
         report,
-        "   {:<14}  {:>10}  {:>18}  {:>18}  {:>13}  {:>6}  {:>10}",
-        "lock", "sections/s", "hand-off p50", "hand-off p99", "owner changes", "Jain", "wait p99"
+        "   {:<14}  {:>10}  {:>18}  {:>18}  {:>13}  {:>6}  {:>10}  {:>12}",
+        "lock",
+        "sections/s",
+        "hand-off p50",
+        "hand-off p99",
+        "owner changes",
+        "Jain",
+        "wait p99",
+        "cmds/section"
     );
     let masters = RedisMasters::start(3);
     let redlock = LockConfig::redlock(masters.urls());
+    let one = vec![url.to_owned()];
     let setups = [
-        ("default", "default", LockConfig::single(url), false),
-        ("fair = true", "fair", LockConfig::single(url), true),
-        ("Redlock(3)", "redlock3", redlock.clone(), false),
-        ("Redlock(3) fair", "redlock3_fair", redlock, true),
+        ("default", "default", LockConfig::single(url), false, &one),
+        ("fair = true", "fair", LockConfig::single(url), true, &one),
+        (
+            "Redlock(3)",
+            "redlock3",
+            redlock.clone(),
+            false,
+            &masters.urls(),
+        ),
+        (
+            "Redlock(3) fair",
+            "redlock3_fair",
+            redlock,
+            true,
+            &masters.urls(),
+        ),
     ];
     report.figure("contended.ping_p50_ms", millis(rtt));
-    for (name, id, config, fair) in setups {
-        let run = contended(opts, &config, fair).await?;
+    for (name, id, config, fair, servers) in setups {
+        let before = commands(servers);
+        let (run, all) = contended(opts, &config, fair).await?;
+        // Every command the servers ran (scripts' own included), per section of the whole run.
+        let per_section = (commands(servers) - before) as f64 / all.max(1) as f64;
         let rate = run.len() as f64 / opts.secs.as_secs_f64();
         let (changes, pairs) = sections::owner_changes(&run);
         let changed = changes as f64 / pairs.max(1) as f64;
@@ -68,7 +91,7 @@ pub(crate) async fn run(bench: &Bench, report: &mut Report) -> Res<()> {
         let trips = |d: Duration| d.as_secs_f64() / rtt.as_secs_f64().max(1e-9);
         let _ = writeln!(
             report,
-            "   {name:<14}  {rate:>10.0}  {:>9} ({:>4.1} RT)  {:>9} ({:>4.1} RT)  {:>12.1}%  {jain:>6.3}  {:>10}",
+            "   {name:<14}  {rate:>10.0}  {:>9} ({:>4.1} RT)  {:>9} ({:>4.1} RT)  {:>12.1}%  {jain:>6.3}  {:>10}  {per_section:>12.1}",
             ms(gaps.p50),
             trips(gaps.p50),
             ms(gaps.p99),
@@ -84,6 +107,7 @@ pub(crate) async fn run(bench: &Bench, report: &mut Report) -> Res<()> {
             ("owner_changes", changed),
             ("jain", jain),
             ("wait_p99_ms", millis(waits.p99)),
+            ("commands_per_section", per_section),
         ] {
             report.figure(format!("contended.{id}.{what}"), value);
         }
@@ -101,8 +125,29 @@ pub(crate) async fn run(bench: &Bench, report: &mut Report) -> Res<()> {
     Ok(())
 }
 
-/// The sections granted in the measured window.
-async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<Vec<Section>> {
+/// How many commands the servers at `urls` ran so far (`INFO commandstats`, all commands but
+/// `INFO` itself; a script's commands counted with it).
+fn commands(urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let info: String = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("INFO").arg("commandstats").query(&mut c))
+            .unwrap_or_default();
+        total += info
+            .lines()
+            .filter(|line| line.starts_with("cmdstat_") && !line.starts_with("cmdstat_info:"))
+            .filter_map(|line| {
+                let calls = line.split_once("calls=")?.1;
+                calls.split(',').next()?.parse::<u64>().ok()
+            })
+            .sum::<u64>();
+    }
+    total
+}
+
+/// The sections granted in the measured window, and how many were granted in the whole run.
+async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<(Vec<Section>, usize)> {
     let key = unique_key("bench:contended");
     let measure_from = now_ns() + u64::try_from(opts.warmup.as_nanos())?;
     let stop = measure_from + u64::try_from(opts.secs.as_nanos())?;
@@ -112,6 +157,7 @@ async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<Vec<Sect
         let key = key.clone();
         handles.push(tokio::spawn(async move {
             let mut own = Vec::new();
+            let mut granted = 0usize;
             loop {
                 let asked_ns = now_ns();
                 if asked_ns >= stop {
@@ -127,6 +173,7 @@ async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<Vec<Sect
                 let acquired_ns = now_ns();
                 let released_ns = now_ns();
                 guard.release().await?;
+                granted += 1;
                 if acquired_ns >= measure_from && released_ns < stop {
                     own.push(Section {
                         who: me.to_string(),
@@ -139,12 +186,14 @@ async fn contended(opts: &Opts, config: &LockConfig, fair: bool) -> Res<Vec<Sect
                 }
             }
             client.shutdown();
-            Ok::<_, BoxError>(own)
+            Ok::<_, BoxError>((own, granted))
         }));
     }
-    let mut sections = Vec::new();
+    let (mut sections, mut all) = (Vec::new(), 0);
     for handle in handles {
-        sections.extend(handle.await??);
+        let (own, granted) = handle.await??;
+        sections.extend(own);
+        all += granted;
     }
-    Ok(sections)
+    Ok((sections, all))
 }
