@@ -19,7 +19,7 @@
 //!
 //! | kind | key | what it holds |
 //! |---|---|---|
-//! | [`Lock`](RedisKeyKind::Lock) | `lock:{wallet:42}` | an exclusive or fair lock: a string, the holder's token followed by its [`Owner`] record; a shared lock or semaphore: a sorted set of its holders' values scored by the expiry of their leases (server milliseconds), with a member `#shared` or `#permits=N` scored `+inf` and, while a writer waits for readers, `#w` |
+//! | [`Lock`](RedisKeyKind::Lock) | `lock:{wallet:42}` | an exclusive or fair lock: a string, the holder's token followed by its [`Owner`] record; a shared lock or semaphore: a sorted set of its holders' values scored by the expiry of their leases (server milliseconds), with a member `#shared` or `#permits=N` scored `+inf` and, for each writer waiting for readers, `#w:` followed by 16 hex digits (its mark, scored by when it runs out) |
 //! | [`Released`](RedisKeyKind::Released) | `lock:{wallet:42}:released` | not a key: the pub/sub channel each release that frees the lock is announced on (an empty message, `PUBLISH`, or `SPUBLISH` on a Cluster); a release that hands the lock to a queued waiter tells it alone, on its own channel `lock:{wallet:42}:released{<16 hex digits of its token's SHA-1>}` |
 //! | [`Queue`](RedisKeyKind::Queue) | `lock:{wallet:42}:queue` | a fair lock's waiters: a sorted set of their tokens scored by arrival (server microseconds) |
 //! | [`QueueLeases`](RedisKeyKind::QueueLeases) | `lock:{wallet:42}:queue-leases` | the same waiters scored by the expiry of their entry's lease (server milliseconds) |

@@ -1713,14 +1713,13 @@ async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
 /// reader's late release lands, the node is free. The reader's link to one node (not the gate)
 /// is delayed so that its release lands there after the writer came and went.
 ///
-/// Known defect, found on Valkey and Redis alike (`a_waiting_writer_is_not_starved` on Redlock:
-/// "released on every node" failed 1 of 15 runs on 3 Valkey nodes, 1 of 30 on 3 Redis nodes, 3
-/// of 60 on 5 Redis nodes): the last reader's release (`SHARED_RELEASE`) keeps `#shared` and
-/// `#w` until the writer's mark runs out (the writer's remaining wait), and the writer's own
-/// release, a compare-and-delete of its token, does not touch a key it never got there. That node
-/// refuses readers meanwhile. Ignored until the scripts change (see the report of issue 36).
+/// Failed before each waiting writer had a mark of its own (in 5 of 5 runs; and
+/// `a_waiting_writer_is_not_starved` on Redlock, "released on every node", 1 of 15 runs on 3
+/// Valkey nodes, 1 of 30 on 3 Redis nodes, 3 of 60 on 5 Redis nodes): the last reader's release
+/// kept `#shared` and the one `#w` until the writer's mark ran out (the writer's remaining wait),
+/// and the writer's release, a compare-and-delete of its token, did not touch a key it never got
+/// there. That node refused readers meanwhile. Now the writer's release drops its own mark there.
 #[tokio::test]
-#[ignore = "known defect: a released Redlock writer's mark stays on a node it was refused by"]
 async fn a_released_writer_leaves_no_mark_where_a_reader_left_late() {
     let masters = RedisMasters::start(3);
     let key = unique_key("redlock:late-reader");

@@ -32,6 +32,7 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         FENCE,
         PERMITS_OF,
         MARK_WAITING,
+        WRITER_MARKS,
         r"
 local n = #KEYS / 3
 local ours = {}
@@ -46,11 +47,9 @@ for i = 1, n do
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
-    local readers = redis.call('ZCARD', K) - 1
-    if redis.call('ZSCORE', K, '#w') then readers = readers - 1 end
-    if readers > 0 then
+    if shared_state(K) > 0 then
       local mark = tonumber(ARGV[4])
-      if mark > 0 then redis.call('ZADD', K, 'GT', now + mark, '#w') end
+      if mark > 0 then redis.call('ZADD', K, 'GT', now + mark, writer_mark(ARGV[1])) end
       return {0, i, redis.call('PTTL', K)}
     end
   elseif type(holder) == 'table' then
@@ -101,19 +100,23 @@ return 1
 /// woken. A failed publish (a server without sharded pub/sub) never fails the release: waiters
 /// then rely on their backoff.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(&[
+        WRITER_MARKS,
         r"
 local deleted = 0
 for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
+  local holder = redis.pcall('GET', KEYS[i])
+  if holder == ARGV[1] then
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
     if ARGV[i + 2] ~= '' then redis.pcall(ARGV[2], ARGV[i + 2], '') end
+  elseif type(holder) == 'table' and ARGV[i + 2] ~= '' then
+    drop_writer_mark(KEYS[i], ARGV[1])
   end
 end
 return deleted
 ",
-    )
+    ])
 });
 
 /// KEYS: fence counters. ARGV: one value per key. Raises each fence counter to at least its
@@ -259,6 +262,56 @@ pub(crate) fn let_go_bit(script: &Script) -> u32 {
 fn script(parts: &[&str]) -> Script {
     Script::new(&parts.concat())
 }
+
+/// Lua that defines what the scripts know of the writers waiting for a shared lock's readers.
+/// Each such writer has its own member in the lock's sorted set, `#w:` and the first 16 hex digits
+/// of the SHA-1 of its token (`writer_mark(token)`), scored by when its mark runs out: while one
+/// lives, no new reader gets in. A writer's release (not a withdrawal: a Redlock attempt that did
+/// not win still waits) drops its own mark wherever the key is still shared
+/// (`drop_writer_mark(K, token)`): on a Redlock node that refused it while a reader's release
+/// was late, the mark would otherwise keep readers out for the rest of the writer's wait.
+/// `shared_state(K)` answers how many live readers (or permits) hold `K` and when its latest
+/// writer's mark runs out (0: none), after the caller dropped the lapsed members;
+/// `leave_to_writers(K, now)` deletes a key no reader holds, or keeps it as long as a writer's
+/// mark lives when only marks are left. Scanning the live members costs one pass over the
+/// readers, paid only on a shared key.
+const WRITER_MARKS: &str = r"
+local function writer_mark(token)
+  return '#w:' .. string.sub(redis.sha1hex(token), 1, 16)
+end
+local function shared_state(K)
+  local readers, writer = 0, 0
+  local live = redis.call('ZRANGEBYSCORE', K, '-inf', '(inf', 'WITHSCORES')
+  for j = 1, #live, 2 do
+    if string.sub(live[j], 1, 3) == '#w:' then
+      writer = math.max(writer, tonumber(live[j + 1]))
+    else
+      readers = readers + 1
+    end
+  end
+  return readers, writer
+end
+local function leave_to_writers(K, now)
+  local readers, writer = shared_state(K)
+  if readers > 0 then return end
+  if writer > 0 then
+    -- Only waiting writers' marks are left: they keep new readers out until a writer (woken by
+    -- this release) takes the key, or the marks run out. Deleting them would let a reader woken
+    -- by the same release in first, again and again.
+    redis.call('PEXPIRE', K, math.max(writer - now, 1))
+  else
+    redis.call('DEL', K)
+  end
+end
+local function drop_writer_mark(K, token)
+  if redis.call('TYPE', K).ok ~= 'zset' then return end
+  if redis.call('ZREM', K, writer_mark(token)) == 0 then return end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
+  leave_to_writers(K, now)
+end
+";
 
 /// Lua that defines `mark_waiting(w, ms)`: the lock's waiting flag `w` (see
 /// [`EXCLUSIVE_RELEASE`]) lives at least `ms` more milliseconds.
@@ -415,6 +468,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
+        WRITER_MARKS,
         TAKE_BACK_QUIETLY,
         r"
 if redis.call('EXISTS', Q) == 0 then
@@ -452,6 +506,9 @@ if holder == ARGV[1] then
     redis.call('DEL', K)
     if redis.call('EXISTS', W) == 0 then return 1 end
   end
+elseif type(holder) == 'table' then
+  if ARGV[4] == '1' then drop_writer_mark(K, ARGV[1]) end
+  if redis.call('EXISTS', W) == 0 then return 0 end
 elseif redis.call('EXISTS', W) == 0 then
   return 0
 end
@@ -464,8 +521,8 @@ end
 ///
 /// The lock key is a sorted set: each holder's token scored by its lease's expiry (server
 /// milliseconds), a member `#shared` or `#permits=N` scored `+inf` saying what the key is, and
-/// for a shared lock an optional `#w` scored by the expiry of the latest waiting writer's mark
-/// (while it lives no new reader gets in). The key lives as long as its longest lease.
+/// for a shared lock a member per waiting writer (see [`WRITER_MARKS`]) scored by the expiry of
+/// its mark (while one lives no new reader gets in). The key lives as long as its longest lease.
 /// Returns `{1, fence}` when granted, `{0, 1, pttl}` when not, `{2, 1, n}` when the key is used
 /// with another mode (`n`: its permit count, 0 for shared, -1 for an exclusive lock).
 pub(crate) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -475,6 +532,7 @@ pub(crate) static SHARED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         FENCE,
         PERMITS_OF,
         MARK_WAITING,
+        WRITER_MARKS,
         r"
 local token, ttl, permits = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local meta = '#shared'
@@ -502,8 +560,8 @@ if kind == 'zset' then
     else
       -- A waiting writer's mark: worth asking again when it runs out (or at the release that
       -- follows the writer's turn).
-      local writer = redis.call('ZSCORE', K, '#w')
-      if writer then return {0, 1, math.max(tonumber(writer) - now, 0)} end
+      local _, writer = shared_state(K)
+      if writer > 0 then return {0, 1, math.max(writer - now, 0)} end
     end
   end
 elseif kind ~= 'none' then
@@ -543,21 +601,13 @@ pub(crate) static SHARED_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K = KEYS[1]\n",
         NOW,
+        WRITER_MARKS,
         r"
 local lease = redis.pcall('ZSCORE', K, ARGV[1])
 if type(lease) ~= 'string' then return 0 end
 redis.call('ZREM', K, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
-local left = redis.call('ZCARD', K)
-local writer = redis.call('ZSCORE', K, '#w')
-if left == 1 then
-  redis.call('DEL', K)
-elseif left == 2 and writer then
-  -- Only a waiting writer's mark is left: it keeps new readers out until that writer (woken
-  -- by this release) takes the key, or the mark runs out. Deleting it would let a reader woken
-  -- by the same release in first, again and again.
-  redis.call('PEXPIRE', K, math.max(tonumber(writer) - now, 1))
-end
+leave_to_writers(K, now)
 if ARGV[3] ~= '' then redis.pcall(ARGV[2], ARGV[3], '') end
 if tonumber(lease) > now then return 1 end
 return 0
@@ -580,7 +630,7 @@ local holders = 1
 local records = {}
 if redis.call('TYPE', K).ok == 'zset' then
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', K, '(' .. now, '(inf')) do
-    if m ~= '#w' then records[#records + 1] = string.sub(m, 33) end
+    if string.sub(m, 1, 3) ~= '#w:' then records[#records + 1] = string.sub(m, 33) end
   end
   holders = #records
   if holders == 0 then return {-2} end
