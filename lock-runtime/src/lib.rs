@@ -509,6 +509,7 @@ pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use election::{Election, Leadership};
 pub use error::{FailureKind, FromLockError, LockError, NodeFailure};
+pub use fence::FenceError;
 pub use global::{force_release, init, inspect, shutdown};
 pub use guard::LockGuard;
 pub use info::{LockInfo, NodeLockState};
