@@ -28,8 +28,8 @@ pub(crate) use etcd::{etcd_key, etcd_lock_name};
 pub(crate) use memory::InMemory;
 pub use redis::KeyKind;
 pub(crate) use redis::{
-    SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key, server_fence_key,
-    slot_fence_key,
+    NodeSource, SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key,
+    server_fence_key, slot_fence_key,
 };
 pub(crate) use redlock::{Quorum, RedlockConfig, gate_of};
 pub(crate) use sentinel::SentinelConfig;

@@ -19,7 +19,8 @@ pub(crate) use self::validate::check_ttl;
 
 use self::env::EnvProblem;
 use crate::backend::{
-    BackendConfig, ClusterConfig, EtcdConfig, InMemory, RedlockConfig, SentinelConfig, SingleConfig,
+    BackendConfig, ClusterConfig, EtcdConfig, InMemory, NodeSource, RedlockConfig, SentinelConfig,
+    SingleConfig,
 };
 
 /// How the process talks to its locks: which backend, plus the defaults and timeouts every lock uses.
@@ -86,7 +87,31 @@ impl LockConfig {
 
     /// One Redis master: `redis://[user:pass@]host[:port][/db]`, or `rediss://` with the `tls` feature.
     pub fn single(url: impl Into<String>) -> Self {
-        Self::with_backend(SingleConfig { url: url.into() })
+        Self::with_backend(SingleConfig {
+            node: NodeSource::Url(url.into()),
+            field: "url",
+        })
+    }
+
+    /// One Redis master, reached as your own `redis::Client` reaches it: its address, ACL user
+    /// and password, database, RESP version and TLS settings (`rediss://`, with the `tls`
+    /// feature; a client built with `redis::Client::build_with_tls` keeps its certificates), set
+    /// once where you configure the client. The library opens connections of its own from it
+    /// (per runtime, as for [`single`](Self::single)); the client itself is not used or kept.
+    /// A client that connects over a Unix socket is a `Config` error naming `client`.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redis::Client::open("redis://locker:secret@10.0.0.5:6379/2")?;
+    /// lock_runtime::init(lock_runtime::LockConfig::from_client(redis))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_client(client: redis::Client) -> Self {
+        Self::with_backend(SingleConfig {
+            node: NodeSource::Client(Box::new(client.get_connection_info().clone())),
+            field: "client",
+        })
     }
 
     /// The Redlock algorithm over independent Redis masters (not replicas of each other, not a
@@ -97,7 +122,27 @@ impl LockConfig {
         S: Into<String>,
     {
         Self::with_backend(RedlockConfig {
-            urls: urls.into_iter().map(Into::into).collect(),
+            nodes: urls
+                .into_iter()
+                .map(|url| NodeSource::Url(url.into()))
+                .collect(),
+            field: "urls",
+        })
+    }
+
+    /// [`redlock`](Self::redlock) over the masters your own `redis::Client`s reach, each as
+    /// [`from_client`](Self::from_client) takes one (its credentials, database and TLS
+    /// settings). Errors name `clients`.
+    pub fn redlock_from_clients<I>(clients: I) -> Self
+    where
+        I: IntoIterator<Item = redis::Client>,
+    {
+        Self::with_backend(RedlockConfig {
+            nodes: clients
+                .into_iter()
+                .map(|client| NodeSource::Client(Box::new(client.get_connection_info().clone())))
+                .collect(),
+            field: "clients",
         })
     }
 

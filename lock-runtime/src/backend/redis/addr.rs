@@ -3,6 +3,33 @@
 use crate::config::redact;
 use crate::error::LockError;
 
+/// Where a Redis node's address comes from: a URL of the config, or a `redis::Client` of the
+/// user's own ([`LockConfig::from_client`](crate::LockConfig::from_client)).
+#[derive(Clone)]
+pub(crate) enum NodeSource {
+    Url(String),
+    Client(Box<redis::ConnectionInfo>),
+}
+
+impl NodeSource {
+    /// The node's address, checked; errors name `field`.
+    pub(crate) fn addr(&self, field: &'static str) -> Result<NodeAddr, LockError> {
+        match self {
+            NodeSource::Url(url) => NodeAddr::parse(field, url),
+            NodeSource::Client(info) => NodeAddr::of_client(field, info),
+        }
+    }
+
+    /// For `Debug`: a URL without its password; a client's address alone (its credentials,
+    /// database and TLS settings stay out).
+    pub(crate) fn redacted(&self) -> String {
+        match self {
+            NodeSource::Url(url) => redact(url),
+            NodeSource::Client(info) => format!("client of {}", info.addr()),
+        }
+    }
+}
+
 /// One parsed Redis node address.
 pub(crate) struct NodeAddr {
     /// `host:port`, for error messages (never with credentials).
@@ -42,6 +69,37 @@ impl NodeAddr {
         })?;
         let name = info.addr().to_string();
         Ok(NodeAddr { name, info })
+    }
+
+    /// The address a `redis::Client` connects to, as it connects (user, password, database,
+    /// protocol and TLS settings included). Only TCP: a Unix socket is an error naming `field`.
+    fn of_client(field: &'static str, info: &redis::ConnectionInfo) -> Result<NodeAddr, LockError> {
+        match info.addr() {
+            redis::ConnectionAddr::Tcp(..) => {}
+            redis::ConnectionAddr::TcpTls { .. } if cfg!(feature = "tls") => {}
+            redis::ConnectionAddr::TcpTls { .. } => {
+                return Err(LockError::config(
+                    field,
+                    format!(
+                        "the client connects to {} with TLS; enable the `tls` feature of lock-runtime",
+                        info.addr()
+                    ),
+                ));
+            }
+            other => {
+                return Err(LockError::config(
+                    field,
+                    format!(
+                        "the client connects to {other}, not over TCP: lock-runtime connects to \
+                         Redis over TCP (or TLS) only"
+                    ),
+                ));
+            }
+        }
+        Ok(NodeAddr {
+            name: info.addr().to_string(),
+            info: info.clone(),
+        })
     }
 
     /// Parses every URL of `urls`, which must name at least one (`empty` says what is missing).

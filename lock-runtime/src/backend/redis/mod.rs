@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
 use crate::wait::WakeRegistry;
 
-pub(crate) use addr::NodeAddr;
+pub(crate) use addr::{NodeAddr, NodeSource};
 pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
 pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;

@@ -4,28 +4,31 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{NodeAddr, RedisNode};
+use super::{NodeAddr, NodeSource, RedisNode};
 use crate::backend::{Backend, BackendConfig, BackendKind, ValidBackend};
-use crate::config::{Settings, redact};
+use crate::config::Settings;
 use crate::error::LockError;
 use crate::wait::WakeRegistry;
 
-/// What [`LockConfig::single`](crate::LockConfig::single) stores.
+/// What [`LockConfig::single`](crate::LockConfig::single) and
+/// [`LockConfig::from_client`](crate::LockConfig::from_client) store, and the argument it came
+/// from (for errors).
 #[derive(Clone)]
 pub(crate) struct SingleConfig {
-    pub(crate) url: String,
+    pub(crate) node: NodeSource,
+    pub(crate) field: &'static str,
 }
 
 impl BackendConfig for SingleConfig {
     fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
         Ok(Box::new(ValidSingle {
-            addr: NodeAddr::parse("url", &self.url)?,
-            field: "url",
+            addr: self.node.addr(self.field)?,
+            field: self.field,
         }))
     }
 
     fn fmt_redacted(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "single({})", redact(&self.url))
+        write!(f, "single({})", self.node.redacted())
     }
 }
 

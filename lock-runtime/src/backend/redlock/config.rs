@@ -4,29 +4,33 @@
 use std::sync::Arc;
 
 use super::Quorum;
-use crate::backend::redis::{NodeAddr, RedisNode, ValidSingle};
+use crate::backend::redis::{NodeAddr, NodeSource, RedisNode, ValidSingle};
 use crate::backend::{Backend, BackendConfig, BackendKind, Node, ValidBackend};
-use crate::config::{Settings, redact_all};
+use crate::config::Settings;
 use crate::error::LockError;
 use crate::wait::WakeRegistry;
 
-/// What [`LockConfig::redlock`](crate::LockConfig::redlock) stores.
+/// What [`LockConfig::redlock`](crate::LockConfig::redlock) and
+/// [`LockConfig::redlock_from_clients`](crate::LockConfig::redlock_from_clients) store, and the
+/// argument it came from (for errors).
 #[derive(Clone)]
 pub(crate) struct RedlockConfig {
-    pub(crate) urls: Vec<String>,
+    pub(crate) nodes: Vec<NodeSource>,
+    pub(crate) field: &'static str,
 }
 
 impl BackendConfig for RedlockConfig {
     fn validate(&self) -> Result<Box<dyn ValidBackend>, LockError> {
-        if self.urls.is_empty() {
-            return Err(LockError::config("urls", "must name at least one node"));
+        let field = self.field;
+        if self.nodes.is_empty() {
+            return Err(LockError::config(field, "must name at least one node"));
         }
-        let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.urls.len());
-        for url in &self.urls {
-            let node = NodeAddr::parse("urls", url)?;
+        let mut nodes: Vec<NodeAddr> = Vec::with_capacity(self.nodes.len());
+        for source in &self.nodes {
+            let node = source.addr(field)?;
             if nodes.iter().any(|n| n.same_node(&node)) {
                 return Err(LockError::config(
-                    "urls",
+                    field,
                     format!("names node {} twice", node.name),
                 ));
             }
@@ -34,22 +38,21 @@ impl BackendConfig for RedlockConfig {
         }
         match <[NodeAddr; 1]>::try_from(nodes) {
             // Redlock over one node is that node: a single node in every respect.
-            Ok([addr]) => Ok(Box::new(ValidSingle {
-                addr,
-                field: "urls",
-            })),
-            Err(nodes) => Ok(Box::new(ValidRedlock { nodes })),
+            Ok([addr]) => Ok(Box::new(ValidSingle { addr, field })),
+            Err(nodes) => Ok(Box::new(ValidRedlock { nodes, field })),
         }
     }
 
     fn fmt_redacted(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "redlock([{}])", redact_all(&self.urls))
+        let nodes: Vec<String> = self.nodes.iter().map(NodeSource::redacted).collect();
+        write!(f, "redlock([{}])", nodes.join(", "))
     }
 }
 
-/// Two nodes or more.
+/// Two nodes or more, and the argument they came from (for errors).
 struct ValidRedlock {
     nodes: Vec<NodeAddr>,
+    field: &'static str,
 }
 
 impl ValidBackend for ValidRedlock {
@@ -66,7 +69,7 @@ impl ValidBackend for ValidRedlock {
             .nodes
             .iter()
             .map(|addr| -> Result<Arc<dyn Node>, LockError> {
-                let node = RedisNode::new(addr, "urls", settings, Arc::clone(&wakers), true)?;
+                let node = RedisNode::new(addr, self.field, settings, Arc::clone(&wakers), true)?;
                 Ok(Arc::new(node))
             })
             .collect::<Result<_, _>>()?;
