@@ -454,7 +454,9 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 
 /// Releases one exclusive lock (not fair), or withdraws its grant. KEYS: lock, queue, queue
 /// leases, waiting flag. ARGV: token, the publish command, release channel, wake ("1": a release
-/// wakes every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then).
+/// wakes every waiter when nobody is in line; "0": a withdrawal, which wakes nobody then; "2":
+/// the wake-up after a release made by the server's own compare-and-delete, which found the
+/// flag: see `Calls::release_native`).
 ///
 /// Deletes the lock if `token` holds it. Whether anyone waits is the waiting flag, which every
 /// refused waiter sets (until its next attempt: see `Calls::acquire_plain`), and a release deletes
@@ -464,7 +466,9 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// not empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, only that waiter
 /// is told, withdrawal or not, and the flag stays as long as the handed lock or a place in line
 /// does. Otherwise every waiter is woken, and each refused one sets the flag again. A withdrawal
-/// leaves the flag to the waiters it is theirs. Returns 1 when `token` held the lock.
+/// leaves the flag to the waiters it is theirs. A wake-up ("2") acts as the release it follows
+/// while the lock is still free, and does nothing once someone took it: that holder's release
+/// wakes the waiters. Returns 1 when `token` held the lock (a wake-up: when the lock is free).
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
@@ -472,7 +476,7 @@ pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
         TAKE_BACK_QUIETLY,
         r"
 if redis.call('EXISTS', Q) == 0 then
-  if released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
+  if released == 1 and ARGV[4] ~= '0' then redis.pcall(ARGV[2], ARGV[3], '') end
   return released
 end
 ",
@@ -485,7 +489,7 @@ end
 if handed > 0 then mark_waiting(W, handed) end
 local last = redis.call('ZRANGE', E, -1, -1, 'WITHSCORES')
 if last[1] then mark_waiting(W, math.max(tonumber(last[2]) - now, 1)) end
-if not head[1] and released == 1 and ARGV[4] == '1' then redis.pcall(ARGV[2], ARGV[3], '') end
+if not head[1] and released == 1 and ARGV[4] ~= '0' then redis.pcall(ARGV[2], ARGV[3], '') end
 return released
 ",
     ])
@@ -493,11 +497,16 @@ return released
 
 /// Lua for [`EXCLUSIVE_RELEASE`]: deletes the lock `K` if `ARGV[1]` (the token) holds it, with
 /// the waiting flag `W` when it wakes (`ARGV[4]`), and returns at once when nobody waits (the
-/// flag was not there). Leaves `released` and `holder` as [`TAKE_BACK`] does.
+/// flag was not there). A wake-up after a native release (`ARGV[4]` "2") returns at once when
+/// someone holds the lock again, and otherwise deletes the flag and goes on as the release. Leaves `released` and `holder` as [`TAKE_BACK`] does.
 const TAKE_BACK_QUIETLY: &str = r"
 local released = 0
 local holder = redis.pcall('GET', K)
-if holder == ARGV[1] then
+if ARGV[4] == '2' then
+  if holder then return 0 end
+  released = 1
+  if redis.call('DEL', W) == 0 then return 1 end
+elseif holder == ARGV[1] then
   released = 1
   holder = false
   if ARGV[4] == '1' then

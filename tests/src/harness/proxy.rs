@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,7 +45,8 @@ pub struct FaultProxy {
 
 #[derive(Debug)]
 struct Shared {
-    upstream: SocketAddr,
+    /// The upstream's port on 127.0.0.1, for connections made from now on.
+    upstream: AtomicU16,
     delay_nanos: AtomicU64,
     blackhole: watch::Sender<bool>,
     /// Live connections; the sender is taken (dropped) to cut one, the entry leaves when it is closed.
@@ -91,7 +92,7 @@ impl FaultProxy {
             TcpListener::from_std(listener).expect("register the proxy listener with tokio")
         };
         let shared = Arc::new(Shared {
-            upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port)),
+            upstream: AtomicU16::new(upstream_port),
             delay_nanos: AtomicU64::new(0),
             blackhole: watch::Sender::new(false),
             conns: Mutex::new(HashMap::new()),
@@ -140,6 +141,13 @@ impl FaultProxy {
     /// While on, nothing is forwarded in either direction (bytes are held, see the type docs).
     pub fn set_blackhole(&self, on: bool) {
         self.shared.blackhole.send_replace(on);
+    }
+
+    /// Forwards the connections made from now on to `127.0.0.1:upstream_port` (another server
+    /// answering at the address a client knows: an upgrade, a replacement); with
+    /// [`cut_all`](Self::cut_all), every connection goes there.
+    pub fn set_upstream(&self, upstream_port: u16) {
+        self.shared.upstream.store(upstream_port, Ordering::SeqCst);
     }
 
     /// Resets every current connection (both sides) and waits, bounded, until they are closed.
@@ -238,8 +246,14 @@ async fn accept_loop(
 
 async fn connection(mut client: TcpStream, cut: oneshot::Receiver<()>, registered: Registered) {
     let shared = Arc::clone(&registered.shared);
-    let connected =
-        tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(shared.upstream)).await;
+    let connected = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        TcpStream::connect(SocketAddr::from((
+            Ipv4Addr::LOCALHOST,
+            shared.upstream.load(Ordering::SeqCst),
+        ))),
+    )
+    .await;
     let Ok(Ok(mut upstream)) = connected else {
         let _ = client.set_zero_linger();
         return;

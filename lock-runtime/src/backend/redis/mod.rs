@@ -6,6 +6,7 @@ mod addr;
 mod calls;
 mod keys;
 mod local;
+mod native;
 mod pubsub;
 mod single;
 

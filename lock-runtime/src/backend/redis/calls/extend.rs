@@ -1,11 +1,12 @@
 //! Renewals on one Redis master: one pipeline of extension scripts per chunk of holds, with the
 //! `WAIT` of `min_replicas` behind it.
 
-use redis::RedisResult;
 use redis::aio::ConnectionLike;
+use redis::{RedisResult, Value};
 
 use super::{Calls, Conn};
 use crate::backend::redis::keys::KeyKind;
+use crate::backend::redis::native::{Known, NativeCommands, Refusal, refusal};
 use crate::backend::scripts;
 use crate::backend::{ExtendItem, ExtendOutcome, Mode, millis};
 use crate::error::NodeFailure;
@@ -42,7 +43,28 @@ impl Calls {
     ) -> (Vec<ExtendOutcome>, bool) {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
+        // A plain lock of one key renews with `SET key token IFEQ token PX ttl` where the server
+        // has it: no script.
+        let set_ifeq = self
+            .native
+            .as_ref()
+            .and_then(Known::get)
+            .is_some_and(NativeCommands::renew);
+        let native = |item: &ExtendItem<'_>| {
+            set_ifeq && matches!(item.mode, Mode::Exclusive | Mode::Fair) && item.names.len() == 1
+        };
         for item in chunk {
+            if native(item) {
+                let token = item.token.as_str();
+                pipe.cmd("SET")
+                    .arg(self.lock_keys(&item.names[0]).of(KeyKind::Lock))
+                    .arg(token)
+                    .arg("IFEQ")
+                    .arg(token)
+                    .arg("PX")
+                    .arg(millis(item.ttl));
+                continue;
+            }
             let mut invocation = match item.mode {
                 Mode::Exclusive | Mode::Fair => scripts::EXTEND.prepare_invoke(),
                 Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
@@ -61,10 +83,10 @@ impl Calls {
         let mut replies = self
             .bounded(
                 "extend",
-                pipe.query_async::<Vec<RedisResult<i64>>>(&mut *conn),
+                pipe.query_async::<Vec<RedisResult<Value>>>(&mut *conn),
             )
             .await;
-        let lost_scripts = |r: &Result<Vec<RedisResult<i64>>, NodeFailure>| {
+        let lost_scripts = |r: &Result<Vec<RedisResult<Value>>, NodeFailure>| {
             r.as_ref().is_ok_and(|items| {
                 items.iter().any(|i| {
                     i.as_ref().is_err_and(|e| {
@@ -88,10 +110,11 @@ impl Calls {
         // every extension of the chunk into a failed (retried) one.
         let short = match (&mut replies, self.replicas) {
             (Ok(items), Some(replicas)) if items.len() == chunk.len() + 1 => match items.pop() {
-                Some(Ok(acks)) if acks >= i64::from(replicas.count) => None,
-                Some(Ok(acks)) => {
+                Some(Ok(Value::Int(acks))) if acks >= i64::from(replicas.count) => None,
+                Some(Ok(Value::Int(acks))) => {
                     Some(self.too_few_replicas("renewal", u32::try_from(acks).unwrap_or(0)))
                 }
+                Some(Ok(_)) => Some(NodeFailure::response(&self.addr, "WAIT: unexpected reply")),
                 Some(Err(err)) => Some(NodeFailure::from_redis(&self.addr, &err)),
                 None => None,
             },
@@ -100,15 +123,29 @@ impl Calls {
         let outcomes = match replies {
             Ok(items) if items.len() == chunk.len() => items
                 .into_iter()
-                .map(|reply| match reply {
-                    Ok(1) => match &short {
-                        Some(failure) => ExtendOutcome::Failed(failure.clone()),
-                        None => ExtendOutcome::Extended,
-                    },
-                    Ok(n) => ExtendOutcome::NotOwned {
-                        index: usize::try_from(-n - 1).unwrap_or(0),
-                    },
-                    Err(err) => ExtendOutcome::Failed(NodeFailure::from_redis(&self.addr, &err)),
+                .zip(chunk)
+                .map(|(reply, item)| {
+                    let reply = if native(item) {
+                        self.native_renewal(reply)
+                    } else {
+                        reply
+                    };
+                    match reply {
+                        Ok(Value::Int(1)) => match &short {
+                            Some(failure) => ExtendOutcome::Failed(failure.clone()),
+                            None => ExtendOutcome::Extended,
+                        },
+                        Ok(Value::Int(n)) => ExtendOutcome::NotOwned {
+                            index: usize::try_from(-n - 1).unwrap_or(0),
+                        },
+                        Ok(_) => ExtendOutcome::Failed(NodeFailure::response(
+                            &self.addr,
+                            "extend: unexpected reply",
+                        )),
+                        Err(err) => {
+                            ExtendOutcome::Failed(NodeFailure::from_redis(&self.addr, &err))
+                        }
+                    }
                 })
                 .collect(),
             Ok(_) => {
@@ -118,6 +155,34 @@ impl Calls {
             Err(failure) => return (ExtendOutcome::all_failed(chunk.len(), &failure), false),
         };
         (outcomes, true)
+    }
+
+    /// A native renewal's reply as the script's: `OK` renewed (1), nil not ours (-1), and a key
+    /// that is not a string not ours either. A server that refuses `SET .. IFEQ` renews by
+    /// script from the next round on (this one counts as failed, and is retried).
+    fn native_renewal(&self, reply: RedisResult<Value>) -> RedisResult<Value> {
+        match reply {
+            Ok(Value::Okay) => Ok(Value::Int(1)),
+            Ok(Value::Nil) => Ok(Value::Int(-1)),
+            Err(err) => {
+                let kind = NodeFailure::from_redis(&self.addr, &err).kind;
+                match refusal(kind, err.code()) {
+                    Refusal::NotAString => Ok(Value::Int(-1)),
+                    Refusal::Refused => {
+                        if let Some(known) = &self.native {
+                            known.refused_renewal();
+                        }
+                        tracing::debug!(
+                            server = %self.addr,
+                            "the server refused SET .. IFEQ: renewing by script"
+                        );
+                        Err(err)
+                    }
+                    Refusal::Failed => Err(err),
+                }
+            }
+            other => other,
+        }
     }
 
     pub(crate) async fn extend_many<C: Conn>(

@@ -13,6 +13,7 @@ mod inspect;
 pub(crate) use inspect::{decode_inspect, inspect_invocation};
 
 use super::keys::{KeyKind, LockKeys, redis_keys, server_fence_key, slot_fence_key};
+use super::native::{Known, NativeCommands, NativeRelease, Refusal, refusal};
 use crate::backend::scripts;
 use crate::backend::wait_pool::WaitPool;
 use crate::backend::{Ask, Attempt, Mode, Token, millis, millis_up};
@@ -55,6 +56,10 @@ pub(crate) struct Calls {
     /// Whether a starving waiter of a plain lock asks as a fair waiter (see [`Ask::starving`]):
     /// no more once the server refused the fair queue's commands (an ACL without them).
     queue_starving: AtomicBool,
+    /// The lock's own commands this server has (see [`native`](super::native)), which release
+    /// and renew a plain lock without a script; `None` through a cluster connection, which
+    /// could ask any of its nodes (the scripts serve there).
+    native: Option<Known>,
 }
 
 impl Calls {
@@ -69,6 +74,7 @@ impl Calls {
         Calls {
             plain: server && settings.min_replicas.is_none(),
             let_go_loaded: server.then(|| AtomicU32::new(0)),
+            native: server.then(Known::default),
             queue_starving: AtomicBool::new(true),
             fence: server.then(|| server_fence_key(&settings.key_prefix)),
             waits: None,
@@ -166,11 +172,53 @@ impl Calls {
                 // scripts (restarted behind a reconnect). Load them again with the next calls.
                 Err(failure) if failure.kind.may_have_applied() => {
                     loaded.store(0, Ordering::Release);
+                    self.forget_native();
                 }
                 Err(_) => {}
             }
         }
         reply
+    }
+
+    /// After a failure that may mean another server answers now (restarted behind a
+    /// reconnect, or promoted): ask it again which native commands it has.
+    fn forget_native(&self) {
+        if let Some(known) = &self.native {
+            known.forget();
+        }
+    }
+
+    /// Asks the server which of the lock's own commands it has, once (and again after a
+    /// failure, see [`forget_native`](Self::forget_native)); an error reply (an ACL without
+    /// `COMMAND`, a server without `COMMAND DOCS`) means none.
+    async fn learn_native<C: Conn>(&self, conn: &C) {
+        let Some(known) = &self.native else { return };
+        let mut query = Cmd::new();
+        for word in NativeCommands::QUERY {
+            query.arg(word);
+        }
+        let mut c = conn.clone();
+        match self
+            .bounded("command docs", query.query_async::<Value>(&mut c))
+            .await
+        {
+            Ok(docs) => {
+                let found = NativeCommands::from_command_docs(&docs);
+                tracing::debug!(
+                    server = %self.addr,
+                    native_release = ?found.release(),
+                    native_renewal = found.renew(),
+                    "asked the server for the lock's own commands"
+                );
+                known.learn(found);
+            }
+            Err(failure) if refusal(failure.kind, None) == Refusal::Refused => {
+                tracing::debug!(server = %self.addr, %failure, "could not ask for native commands: scripts");
+                known.learn(NativeCommands::default());
+            }
+            // No answer: ask again with a later release.
+            Err(_) => {}
+        }
     }
 
     /// Runs `invocation` and, with `min_replicas`, `WAIT` behind it in one pipeline on one
@@ -584,6 +632,16 @@ impl Calls {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, NodeFailure> {
+        // A plain lock's release, where the server has a compare-and-delete of its own.
+        let native = self.native.as_ref().and_then(Known::get);
+        if let Some(how) = native.and_then(NativeCommands::release)
+            && mode == Mode::Exclusive
+            && wake
+            && names.len() == 1
+            && let Some(answer) = self.release_native(conn, &names[0], token, how).await
+        {
+            return answer;
+        }
         let call = match (mode, names) {
             (Mode::Exclusive, _) if names.len() > 1 => {
                 let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
@@ -628,8 +686,109 @@ impl Calls {
                 call
             }
         };
-        let deleted = self.let_go(conn, "release", &call).await?;
+        let deleted = if native.is_none() && self.native.is_some() {
+            // Not asked yet: in the same round trip as this release, by script.
+            let (_, deleted) =
+                futures_util::join!(self.learn_native(conn), self.let_go(conn, "release", &call));
+            deleted?
+        } else {
+            self.let_go(conn, "release", &call).await?
+        };
         Ok(usize::try_from(deleted) == Ok(names.len()))
+    }
+
+    /// Releases a plain lock of one key with the server's own compare-and-delete (`DELIFEQ`, or
+    /// `DELEX .. IFEQ`) and, in the same round trip, `EXISTS` on its waiting flag: when nobody
+    /// waits (the common case) that is the whole release, with no script. The flag is read after
+    /// the delete, so a waiter refused before it either set the flag before the read (and is
+    /// woken here) or reads the lock's time to live after the delete (and asks again at once, see
+    /// [`acquire_plain`](Self::acquire_plain)). When someone waits, [`scripts::EXCLUSIVE_RELEASE`]
+    /// follows as a wake-up ("2": the lock was deleted already): if the lock is still free, it
+    /// hands it to the first waiter in line or wakes every waiter, and deletes the flag, as a
+    /// scripted release does; if someone took the lock in between, that holder's release wakes
+    /// them instead. A wake-up that fails leaves the waiters to find the lock free when they
+    /// next look (their backoff), and the release stands.
+    ///
+    /// `None` when the script must answer: the key is not a string (a shared lock or a
+    /// semaphore), the lock was not ours while someone waits (the script also tidies the
+    /// queue), or the server refused the command (then the scripts serve from now on, and a
+    /// debug line says so once).
+    async fn release_native<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+        token: &Token,
+        how: NativeRelease,
+    ) -> Option<Result<bool, NodeFailure>> {
+        let keys = self.lock_keys(name);
+        let lock = keys.arg(KeyKind::Lock);
+        let waiting = keys.arg(KeyKind::Waiting);
+        let mut delete = Cmd::with_capacity(4, lock.len() + token.as_str().len() + 16);
+        match how {
+            NativeRelease::Delifeq => delete.arg("DELIFEQ").arg(&lock),
+            NativeRelease::DelexIfeq => delete.arg("DELEX").arg(&lock).arg("IFEQ"),
+        }
+        .arg(token.as_str());
+        let mut exists = Cmd::with_capacity(2, waiting.len() + 8);
+        exists.arg("EXISTS").arg(&waiting);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(delete).add_command(exists);
+        let mut c = conn.clone();
+        let reply = tokio::time::timeout(self.deadline, pipe.query_async::<(i64, i64)>(&mut c));
+        let (deleted, waited) = match reply.await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(err)) => {
+                let failure = NodeFailure::from_redis(&self.addr, &err);
+                match refusal(failure.kind, err.code()) {
+                    Refusal::NotAString => return None,
+                    Refusal::Refused => {
+                        if let Some(known) = &self.native {
+                            known.refused_release();
+                        }
+                        tracing::debug!(
+                            server = %self.addr,
+                            %failure,
+                            "the server refused its own compare-and-delete: releasing by script"
+                        );
+                        return None;
+                    }
+                    Refusal::Failed => {
+                        if failure.kind.may_have_applied() {
+                            self.forget_native();
+                        }
+                        return Some(Err(failure));
+                    }
+                }
+            }
+            Err(_) => {
+                self.forget_native();
+                return Some(Err(NodeFailure::timeout(&self.addr, "release")));
+            }
+        };
+        match (deleted, waited) {
+            (1, 0) => Some(Ok(true)),
+            (1, _) => {
+                let mut call = ScriptCall::new(&scripts::EXCLUSIVE_RELEASE, 4);
+                call.arg(&lock)
+                    .arg(keys.arg(KeyKind::Queue))
+                    .arg(keys.arg(KeyKind::QueueLeases))
+                    .arg(&waiting)
+                    .arg(token.as_str())
+                    .arg(self.publish)
+                    .arg(keys.arg(KeyKind::Released))
+                    .arg("2");
+                if let Err(failure) = self.let_go(conn, "wake-up", &call).await {
+                    tracing::debug!(
+                        server = %self.addr,
+                        %failure,
+                        "a release's wake-up failed: waiters find the lock free when they next look"
+                    );
+                }
+                Some(Ok(true))
+            }
+            (_, 0) => Some(Ok(false)),
+            _ => None,
+        }
     }
 
     /// Compares the token on every key and `PEXPIRE`s each to `left` (the [`scripts::EXTEND`]
