@@ -472,9 +472,15 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
-        WRITER_MARKS,
         TAKE_BACK_QUIETLY,
+        // Defined only past the common case's return: each function is a closure made at every
+        // run of the script (the release's Lua time was 1.8x the hand-written script's).
+        WRITER_MARKS,
         r"
+if type(holder) == 'table' then
+  if ARGV[4] == '1' then drop_writer_mark(K, ARGV[1]) end
+  if redis.call('EXISTS', W) == 0 then return 0 end
+end
 if redis.call('EXISTS', Q) == 0 then
   if released == 1 and ARGV[4] ~= '0' then redis.pcall(ARGV[2], ARGV[3], '') end
   return released
@@ -498,7 +504,9 @@ return released
 /// Lua for [`EXCLUSIVE_RELEASE`]: deletes the lock `K` if `ARGV[1]` (the token) holds it, with
 /// the waiting flag `W` when it wakes (`ARGV[4]`), and returns at once when nobody waits (the
 /// flag was not there). A wake-up after a native release (`ARGV[4]` "2") returns at once when
-/// someone holds the lock again, and otherwise deletes the flag and goes on as the release. Leaves `released` and `holder` as [`TAKE_BACK`] does.
+/// someone holds the lock again, and otherwise deletes the flag and goes on as the release.
+/// Leaves `released` and `holder` as [`TAKE_BACK`] does; a `holder` of another type (a shared
+/// lock's sorted set, where a writer's mark may be ours) is the caller's to handle.
 const TAKE_BACK_QUIETLY: &str = r"
 local released = 0
 local holder = redis.pcall('GET', K)
@@ -515,10 +523,7 @@ elseif holder == ARGV[1] then
     redis.call('DEL', K)
     if redis.call('EXISTS', W) == 0 then return 1 end
   end
-elseif type(holder) == 'table' then
-  if ARGV[4] == '1' then drop_writer_mark(K, ARGV[1]) end
-  if redis.call('EXISTS', W) == 0 then return 0 end
-elseif redis.call('EXISTS', W) == 0 then
+elseif type(holder) ~= 'table' and redis.call('EXISTS', W) == 0 then
   return 0
 end
 ";
