@@ -500,6 +500,8 @@ mod wait;
 pub mod __private;
 pub mod fence;
 pub mod layout;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// What the library promises under each fault, and the test that proves it.
 #[doc = include_str!("../FAULTS.md")]
