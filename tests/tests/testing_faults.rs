@@ -1,19 +1,20 @@
 //! `lock_runtime::testing::Faults` (feature `testing`): an outage of the keys a pattern matches,
 //! and a loss of a key now, injected into the in-memory backend; everything above the backend
 //! (the attribute, `Lock`, guards, elections) behaves as on a real fault. The attribute's calls
-//! and the README's axum example go through the global client, which `faults()` sets up once
-//! for this binary; they use keys of their own (`job:`, `sync-job:`, `wallet:`), and only the
-//! README's test injects an outage there. The other tests have clients and faults of their own.
+//! and the README's axum example (at the end, as written there) go through the global client,
+//! which the README's `tests::faults()` sets up once for this binary; they use keys of their own
+//! (`job:`, `sync-job:`, `wallet:`), and only the README's test injects an outage there. The
+//! other tests have clients and faults of their own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::testing::Faults;
-use lock_runtime::{FailureKind, LockClient, LockConfig, LockError, distributed_lock};
+// `LockError` and `distributed_lock` are imported by the README's code, at the end.
+use lock_runtime::{FailureKind, Lock, LockClient, LockConfig};
 use lock_tests::{client, unique_key};
 use tokio::sync::oneshot;
 use tokio::time::timeout;
@@ -26,19 +27,14 @@ const TTL: Duration = Duration::from_secs(30);
 /// so a holder that learnt of the loss from its renewal misses it.
 const PROMPTLY: Duration = Duration::from_secs(2);
 
-/// The global client's faults, set up once for this binary (see the module docs).
-fn faults() -> &'static Faults {
-    static FAULTS: OnceLock<Faults> = OnceLock::new();
-    FAULTS.get_or_init(|| {
-        let faults = Faults::new();
-        lock_runtime::init(LockConfig::in_memory().faults(faults.clone())).unwrap();
-        faults
-    })
-}
-
 /// A client of its own on the in-memory backend with `faults`.
 fn faulty(faults: &Faults) -> LockClient {
     client(LockConfig::in_memory().faults(faults.clone()))
+}
+
+/// Panics unless `lock` can be taken now (then gives it back).
+async fn taken(lock: Lock) {
+    lock.acquire().await.unwrap().release().await.unwrap();
 }
 
 /// Panics unless `result` is an `Unavailable` whose causes were injected.
@@ -90,25 +86,11 @@ async fn available_and_clear_end_the_outages() {
 
     assert!(faults.available("a:*"));
     assert!(!faults.available("a:*"), "ended already");
-    locks
-        .lock("a:1")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken(locks.lock("a:1")).await;
     injected(locks.lock("b:1").acquire().await);
 
     faults.clear();
-    locks
-        .lock("b:1")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken(locks.lock("b:1")).await;
 }
 
 #[tokio::test]
@@ -192,24 +174,15 @@ async fn lose_reaches_every_holder_of_the_key_and_names_it() {
         .acquire()
         .await
         .unwrap();
-    let reader = locks
-        .lock("r")
-        .shared(true)
-        .ttl(TTL)
-        .acquire()
-        .await
-        .unwrap();
-    let other_reader = locks
-        .lock("r")
-        .shared(true)
-        .ttl(TTL)
-        .acquire()
-        .await
-        .unwrap();
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let reader = locks.lock("r").shared(true).ttl(TTL).acquire().await;
+        readers.push(reader.unwrap());
+    }
 
     assert!(faults.lose("y"));
     assert!(faults.lose("r"));
-    for guard in [&both, &reader, &other_reader] {
+    for guard in readers.iter().chain([&both]) {
         timeout(PROMPTLY, guard.lost()).await.expect("lost");
     }
     let lost = both.release().await;
@@ -218,14 +191,7 @@ async fn lose_reaches_every_holder_of_the_key_and_names_it() {
         "{lost:?}"
     );
     // Both keys are free again: the lost holder's release let go of the one it still had.
-    locks
-        .lock_many(["x", "y"])
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken(locks.lock_many(["x", "y"])).await;
 }
 
 #[tokio::test]
@@ -280,7 +246,7 @@ async fn job(
 
 #[tokio::test]
 async fn lose_cancels_an_async_body_and_its_call_answers_lost() {
-    let faults = faults();
+    let faults = tests::faults();
     let id = unique_key("a");
     let (running_tx, running) = oneshot::channel();
     let (proceed, proceed_rx) = oneshot::channel::<()>();
@@ -320,7 +286,7 @@ fn sync_job(
 
 #[tokio::test]
 async fn a_sync_body_runs_to_its_end_after_lose_and_its_call_answers_lost() {
-    let faults = faults();
+    let faults = tests::faults();
     let id = unique_key("s");
     let (running_tx, running) = oneshot::channel();
     let (proceed, proceed_rx) = std::sync::mpsc::channel();
@@ -340,51 +306,64 @@ async fn a_sync_body_runs_to_its_end_after_lose_and_its_call_answers_lost() {
     );
 }
 
-/// The README's "Testing your code", as written there.
-mod readme {
-    use axum::{Router, extract::Path, routing::post};
-    use lock_runtime::{LockError, distributed_lock};
+// The README's "Testing your code", as written there.
 
-    #[distributed_lock(key = "wallet:<user>")]
-    async fn withdraw(Path(user): Path<u64>) -> Result<String, LockError> {
-        Ok(format!("withdrawn from {user}"))
+use axum::{Router, extract::Path, routing::post};
+use lock_runtime::{LockError, distributed_lock};
+
+#[distributed_lock(key = "wallet:<user>")]
+async fn withdraw(Path(user): Path<u64>) -> Result<String, LockError> {
+    Ok(format!("withdrawn from {user}"))
+}
+
+pub(crate) fn app() -> Router {
+    Router::new().route("/wallets/{user}/withdraw", post(withdraw))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use axum::body::Body;
+    use http::{Request, StatusCode};
+    use lock_runtime::testing::Faults;
+    use lock_runtime::{Lock, LockConfig};
+    use tower::ServiceExt as _;
+
+    use super::app;
+
+    /// `init` runs once per test binary; every test of it (in parallel) shares this client and
+    /// its faults, each with keys of its own, so that one's faults do not reach another's locks.
+    pub(crate) fn faults() -> &'static Faults {
+        static FAULTS: OnceLock<Faults> = OnceLock::new();
+        FAULTS.get_or_init(|| {
+            let faults = Faults::new();
+            lock_runtime::init(LockConfig::in_memory().faults(faults.clone())).unwrap();
+            faults
+        })
     }
 
-    pub(crate) fn app() -> Router {
-        Router::new().route("/wallets/{user}/withdraw", post(withdraw))
+    async fn withdraw(user: u64) -> StatusCode {
+        let request = Request::post(format!("/wallets/{user}/withdraw"))
+            .body(Body::empty())
+            .unwrap();
+        app().oneshot(request).await.unwrap().status()
     }
 
-    mod tests {
-        use axum::body::Body;
-        use http::{Request, StatusCode};
-        use lock_runtime::Lock;
-        use tower::ServiceExt as _;
+    #[tokio::test]
+    async fn lock_failures_answer_409_and_503() {
+        let faults = faults();
+        assert_eq!(withdraw(1).await, StatusCode::OK);
 
-        use super::app;
-        use crate::faults;
+        // Someone else holds the wallet: 409 Conflict.
+        let held = Lock::new("wallet:2").acquire().await.unwrap();
+        assert_eq!(withdraw(2).await, StatusCode::CONFLICT);
+        held.release().await.unwrap();
 
-        async fn withdraw(user: u64) -> StatusCode {
-            let request = Request::post(format!("/wallets/{user}/withdraw"))
-                .body(Body::empty())
-                .unwrap();
-            app().oneshot(request).await.unwrap().status()
-        }
-
-        #[tokio::test]
-        async fn lock_failures_answer_409_and_503() {
-            let faults = faults();
-            assert_eq!(withdraw(1).await, StatusCode::OK);
-
-            // Someone else holds the wallet: 409 Conflict.
-            let held = Lock::new("wallet:2").acquire().await.unwrap();
-            assert_eq!(withdraw(2).await, StatusCode::CONFLICT);
-            held.release().await.unwrap();
-
-            // The lock server is down: 503 Service Unavailable.
-            faults.unavailable("wallet:3");
-            assert_eq!(withdraw(3).await, StatusCode::SERVICE_UNAVAILABLE);
-            faults.available("wallet:3");
-            assert_eq!(withdraw(3).await, StatusCode::OK);
-        }
+        // The lock server is down: 503 Service Unavailable.
+        faults.unavailable("wallet:3");
+        assert_eq!(withdraw(3).await, StatusCode::SERVICE_UNAVAILABLE);
+        faults.available("wallet:3");
+        assert_eq!(withdraw(3).await, StatusCode::OK);
     }
 }
