@@ -79,8 +79,6 @@ impl Engine {
         let backend = Arc::new(valid.backend.build(&settings, Arc::clone(&wakers))?);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());
         let identity = Identity::new(settings.owner.as_deref());
-        #[cfg(feature = "testing")]
-        let faults = settings.faults.clone();
         let engine = Arc::new(Engine {
             backend,
             identity,
@@ -99,7 +97,7 @@ impl Engine {
             shut_down: AtomicBool::new(false),
         });
         #[cfg(feature = "testing")]
-        if let Some(faults) = faults {
+        if let Some(faults) = &engine.settings.faults {
             faults.attach(Arc::<Engine>::downgrade(&engine));
         }
         Ok(engine)

@@ -188,9 +188,10 @@ impl fmt::Debug for Faults {
     }
 }
 
-/// Whether `text` matches `pattern`, where `*` is any run of characters and `?` one character.
-/// Written out (a dozen lines, no failure) rather than a glob crate's path patterns, whose
-/// `[..]` classes can make a pattern invalid.
+/// Whether `text` matches `pattern`, where `*` is any run of characters and `?` one character:
+/// the patterns of `lockctl list` (lock-cli's `glob::matches`, which that crate keeps: it uses
+/// this one's public API only). Written out (a dozen lines, no failure) rather than a glob
+/// crate's path patterns, whose `[..]` classes can make a pattern invalid.
 fn glob(pattern: &str, text: &str) -> bool {
     let (pattern, text): (Vec<char>, Vec<char>) =
         (pattern.chars().collect(), text.chars().collect());
