@@ -78,10 +78,10 @@ impl Faults {
 
     /// Makes the keys that match `pattern` unavailable, as if their server could not be
     /// reached, until [`available`](Self::available)`(pattern)` or [`clear`](Self::clear).
-    /// Keys are matched as given to the lock (rendered,
-    /// without the key prefix); `*` matches any run of characters (`:` too, none too), `?` one
-    /// character, and every other character itself (there is no escape, and no `[..]` class).
-    /// A lock over several keys is unavailable when any of its keys is.
+    /// Keys are matched as given to the lock (rendered, without the key prefix); `*` matches
+    /// any run of characters (`:` too, none too), `?` one character, and every other character
+    /// itself (there is no escape, and no `[..]` class). A lock over several keys is
+    /// unavailable when any of its keys is.
     ///
     /// Every request about a matching key then fails, each with one cause of kind
     /// [`FailureKind::Injected`] whose detail names the pattern. The library treats that cause
@@ -105,8 +105,8 @@ impl Faults {
 
     /// Ends the outage that [`unavailable`](Self::unavailable) started with the same `pattern`
     /// (compared as written, not matched: every call with it); the other patterns stay.
-    /// Answers whether there was one. For tests that share one client (the global one) and run in parallel, where
-    /// [`clear`](Self::clear) would end the others' outages too.
+    /// Answers whether there was one. For tests that share one client (the global one) and
+    /// run in parallel, where [`clear`](Self::clear) would end the others' outages too.
     pub fn available(&self, pattern: &str) -> bool {
         let mut state = self.state();
         let before = state.unavailable.len();
