@@ -11,7 +11,8 @@ use crate::error::{FailureKind, LockError};
 /// API would do about it:
 /// - `Contended`: [`ResourceBusy`](io::ErrorKind::ResourceBusy), someone else holds it;
 /// - `Unavailable`: by its first cause, [`TimedOut`](io::ErrorKind::TimedOut),
-///   [`ConnectionRefused`](io::ErrorKind::ConnectionRefused),
+///   [`ConnectionRefused`](io::ErrorKind::ConnectionRefused) (also an injected outage, feature
+///   `testing`),
 ///   [`ConnectionReset`](io::ErrorKind::ConnectionReset) (a connection broke) or
 ///   [`PermissionDenied`](io::ErrorKind::PermissionDenied) (authentication, ACL), else
 ///   [`Other`](io::ErrorKind::Other) (the server answered an error or was busy);
@@ -26,6 +27,8 @@ impl From<LockError> for io::Error {
             LockError::Unavailable { causes, .. } => match causes.first().map(|c| c.kind) {
                 Some(FailureKind::Timeout) => io::ErrorKind::TimedOut,
                 Some(FailureKind::Refused) => io::ErrorKind::ConnectionRefused,
+                #[cfg(feature = "testing")]
+                Some(FailureKind::Injected) => io::ErrorKind::ConnectionRefused,
                 Some(FailureKind::Io) => io::ErrorKind::ConnectionReset,
                 Some(FailureKind::Auth | FailureKind::Permission) => {
                     io::ErrorKind::PermissionDenied

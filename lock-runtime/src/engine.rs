@@ -79,7 +79,7 @@ impl Engine {
         let backend = Arc::new(valid.backend.build(&settings, Arc::clone(&wakers))?);
         let renewer = Renewer::start(Arc::clone(&backend), settings.clone());
         let identity = Identity::new(settings.owner.as_deref());
-        Ok(Arc::new(Engine {
+        let engine = Arc::new(Engine {
             backend,
             identity,
             settings,
@@ -95,7 +95,12 @@ impl Engine {
             acquiring_tasks: TaskTracker::new(),
             background: TaskTracker::new(),
             shut_down: AtomicBool::new(false),
-        }))
+        });
+        #[cfg(feature = "testing")]
+        if let Some(faults) = &engine.settings.faults {
+            faults.attach(Arc::<Engine>::downgrade(&engine));
+        }
+        Ok(engine)
     }
 
     /// Whether every lock carries a fencing token, asked for or not (etcd, in memory).
@@ -403,6 +408,26 @@ impl Engine {
         let _ = tokio::time::timeout(bound, settled).await;
         self.acquiring_tasks.reopen();
         self.background.reopen();
+    }
+}
+
+/// A loss injected by [`Faults::lose`](crate::testing::Faults::lose): each hold of the key is
+/// declared lost, as the renewal driver declares it when a server says "not yours".
+#[cfg(feature = "testing")]
+impl crate::testing::Target for Engine {
+    fn lose(&self, key: &str) -> bool {
+        let holds: Vec<(Arc<Hold>, usize)> = self
+            .held()
+            .values()
+            .filter_map(|hold| {
+                let index = hold.names.iter().position(|name| **name == *key)?;
+                Some((Arc::clone(hold), index))
+            })
+            .collect();
+        for (hold, index) in &holds {
+            hold.declare_lost(*index, "lost by lock_runtime::testing::Faults::lose");
+        }
+        !holds.is_empty()
     }
 }
 

@@ -148,19 +148,27 @@ pub enum FailureKind {
     /// The master did it, but fewer replicas than `min_replicas` acknowledged it in time (a
     /// grant is then withdrawn; a renewal counts as failed). Retried within `wait`.
     Replication,
+    /// A fault injected by [`Faults::unavailable`](crate::testing::Faults::unavailable) (cargo
+    /// feature `testing`), treated as a refused connection: retried within `wait`. The detail
+    /// names the pattern.
+    #[cfg(feature = "testing")]
+    Injected,
 }
 
 impl FailureKind {
     /// Whether retrying the same operation later may succeed.
     pub(crate) fn is_transient(self) -> bool {
-        matches!(
-            self,
+        match self {
             FailureKind::Timeout
-                | FailureKind::Refused
-                | FailureKind::Io
-                | FailureKind::Busy
-                | FailureKind::Replication
-        )
+            | FailureKind::Refused
+            | FailureKind::Io
+            | FailureKind::Busy
+            | FailureKind::Replication => true,
+            // An outage, as a refused connection is.
+            #[cfg(feature = "testing")]
+            FailureKind::Injected => true,
+            FailureKind::Auth | FailureKind::Permission | FailureKind::Response => false,
+        }
     }
 
     /// Whether the request may have been carried out although no answer came back.
@@ -180,6 +188,8 @@ impl fmt::Display for NodeFailure {
             FailureKind::Busy => "server busy",
             FailureKind::Response => "error reply",
             FailureKind::Replication => "not replicated",
+            #[cfg(feature = "testing")]
+            FailureKind::Injected => "injected fault",
         };
         write!(f, "{}: {kind}: {}", self.node, self.detail)
     }

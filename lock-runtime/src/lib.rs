@@ -248,9 +248,40 @@
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
-//! [`FailureKind`] (`Timeout`, `Refused`, `Io`, `Auth`, `Permission`, `Busy`, `Response`).
-//! `Timeout`, `Refused`, `Io` and `Busy` are retried within `wait` (a reply whose outcome is
-//! unknown is retried with the same token, which the server recognises); the others answer at once.
+//! [`FailureKind`] (`Timeout`, `Refused`, `Io`, `Auth`, `Permission`, `Busy`, `Response`,
+//! `Replication`; `Injected` with the feature `testing`). `Timeout`, `Refused`, `Io`, `Busy`,
+//! `Replication` and `Injected` are retried within `wait` (a reply whose outcome is unknown is
+//! retried with the same token, which the server recognises); the others answer at once.
+//!
+//! # Testing your code
+//!
+//! With the cargo feature `testing`, `lock_runtime::testing::Faults` injects faults into the
+//! in-memory backend, so tests take the paths a real fault takes, without a server:
+//! `faults.unavailable(pattern)` is an outage of the keys a glob (`*`, `?`) matches (their
+//! acquires answer [`LockError::Unavailable`], a held lock is lost when its validity runs out),
+//! until `faults.available(pattern)` or `faults.clear()`; `faults.lose(key)` takes the key from
+//! its holders now (their `lost()` resolves before it returns, an async body is cancelled, the
+//! call answers [`LockError::Lost`]). The attribute, [`Lock`], guards and elections behave
+//! exactly as on a real fault. See the `testing` module.
+//!
+//! ```
+//! # #[cfg(feature = "testing")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_runtime::LockError> {
+//! use lock_runtime::testing::Faults;
+//! use lock_runtime::{LockClient, LockConfig, LockError};
+//!
+//! let faults = Faults::new();
+//! let locks = LockClient::new(LockConfig::in_memory().faults(faults.clone()))?;
+//! let guard = locks.lock("wallet:42").acquire().await?;
+//! faults.lose("wallet:42");
+//! guard.lost().await; // at once
+//! assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "testing"))]
+//! # fn main() {}
+//! ```
 //!
 //! # Renewal and loss
 //!
@@ -500,6 +531,8 @@ mod wait;
 pub mod __private;
 pub mod fence;
 pub mod layout;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// What the library promises under each fault, and the test that proves it.
 #[doc = include_str!("../FAULTS.md")]

@@ -11,6 +11,8 @@ use super::{
 };
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
+#[cfg(feature = "testing")]
+use crate::testing::{Faults, Target};
 use crate::wait::WakeRegistry;
 
 /// What [`LockConfig::in_memory`](crate::LockConfig::in_memory) stores: nothing to check.
@@ -40,8 +42,20 @@ impl ValidBackend for InMemory {
         false
     }
 
-    fn build(&self, _: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
-        Ok(Backend::One(Arc::new(MemoryNode::new(wakers))))
+    fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
+        let node = Arc::new(MemoryNode {
+            state: Mutex::new(State::default()),
+            wakers,
+            #[cfg(feature = "testing")]
+            faults: settings.faults.clone(),
+        });
+        #[cfg(feature = "testing")]
+        if let Some(faults) = &node.faults {
+            faults.attach(Arc::<MemoryNode>::downgrade(&node));
+        }
+        #[cfg(not(feature = "testing"))]
+        let _ = settings;
+        Ok(Backend::One(node))
     }
 }
 
@@ -49,6 +63,9 @@ impl ValidBackend for InMemory {
 pub(crate) struct MemoryNode {
     state: Mutex<State>,
     wakers: Arc<WakeRegistry>,
+    /// What tests inject (feature `testing`).
+    #[cfg(feature = "testing")]
+    faults: Option<Faults>,
 }
 
 #[derive(Debug, Default)]
@@ -188,18 +205,50 @@ fn until(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl MemoryNode {
-    pub(crate) fn new(wakers: Arc<WakeRegistry>) -> Self {
-        MemoryNode {
-            state: Mutex::new(State::default()),
-            wakers,
-        }
-    }
-
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The cause a request about `names` fails with: an injected outage (feature `testing`).
+    #[cfg(feature = "testing")]
+    fn injected<S: AsRef<str>>(&self, names: &[S]) -> Result<(), NodeFailure> {
+        match self
+            .faults
+            .as_ref()
+            .and_then(|f| f.failure(self.addr(), names))
+        {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+
+    /// Without faults, nothing fails.
+    #[cfg(not(feature = "testing"))]
+    #[inline]
+    fn injected<S: AsRef<str>>(&self, _names: &[S]) -> Result<(), NodeFailure> {
+        Ok(())
+    }
+
+    /// Deletes `name` whoever holds it, and wakes its waiters: whether it was held.
+    fn delete(&self, name: &str) -> bool {
+        let held = {
+            let mut state = self.state();
+            let now = Instant::now();
+            let held = state.live(name, now).is_some() || state.held_group(name, now).is_some();
+            state.held.remove(name);
+            state.groups.remove(name);
+            held
+        };
+        if held {
+            self.wakers.notify(name);
+        }
+        held
+    }
+
     fn extend_now(&self, item: &ExtendItem<'_>) -> ExtendOutcome {
+        if let Err(failure) = self.injected(item.names) {
+            return ExtendOutcome::Failed(failure);
+        }
         let now = Instant::now();
         let mut state = self.state();
         if matches!(item.mode, Mode::Shared | Mode::Permits(_)) {
@@ -500,6 +549,9 @@ impl Node for MemoryNode {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<NodeHold>, NodeFailure>> {
+        if let Err(failure) = self.injected(&[name]) {
+            return Box::pin(std::future::ready(Err(failure)));
+        }
         let now = Instant::now();
         let mut state = self.state();
         let queued = state.queue(name, now).map_or(0, |q| q.len());
@@ -522,18 +574,8 @@ impl Node for MemoryNode {
     }
 
     fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let held = {
-            let mut state = self.state();
-            let now = Instant::now();
-            let held = state.live(name, now).is_some() || state.held_group(name, now).is_some();
-            state.held.remove(name);
-            state.groups.remove(name);
-            held
-        };
-        if held {
-            self.wakers.notify(name);
-        }
-        Box::pin(std::future::ready(Ok(held)))
+        let released = self.injected(&[name]).map(|()| self.delete(name));
+        Box::pin(std::future::ready(released))
     }
 
     fn acquire<'a>(
@@ -542,8 +584,10 @@ impl Node for MemoryNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let attempt = self.acquire_at_once(names, token, ask, Instant::now());
-        Box::pin(std::future::ready(Ok(attempt)))
+        let attempt = self
+            .injected(names)
+            .map(|()| self.acquire_at_once(names, token, ask, Instant::now()));
+        Box::pin(std::future::ready(attempt))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -558,8 +602,10 @@ impl Node for MemoryNode {
         mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.release_at_once(names, token, mode, wake, Instant::now());
-        Box::pin(std::future::ready(Ok(ours)))
+        let ours = self
+            .injected(names)
+            .map(|()| self.release_at_once(names, token, mode, wake, Instant::now()));
+        Box::pin(std::future::ready(ours))
     }
 
     fn keep<'a>(
@@ -568,8 +614,10 @@ impl Node for MemoryNode {
         token: &'a Token,
         left: Duration,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let ours = self.keep_at_once(names, token, left, Instant::now());
-        Box::pin(std::future::ready(Ok(ours)))
+        let ours = self
+            .injected(names)
+            .map(|()| self.keep_at_once(names, token, left, Instant::now()));
+        Box::pin(std::future::ready(ours))
     }
 
     fn raise_fences<'a>(
@@ -596,7 +644,21 @@ impl Node for MemoryNode {
     }
 
     fn at_once(&self) -> Option<&dyn AtOnce> {
+        // Requests that answer at once cannot fail: while an outage is injected, every request
+        // takes the full path, which can.
+        #[cfg(feature = "testing")]
+        if self.faults.as_ref().is_some_and(Faults::any_unavailable) {
+            return None;
+        }
         Some(self)
+    }
+}
+
+/// A loss injected by [`Faults::lose`]: the key goes, as when it expires or is deleted.
+#[cfg(feature = "testing")]
+impl Target for MemoryNode {
+    fn lose(&self, key: &str) -> bool {
+        self.delete(key)
     }
 }
 

@@ -80,6 +80,8 @@ impl LockConfig {
                 tls: Tls::default(),
                 master_auth: None,
                 owner: None,
+                #[cfg(feature = "testing")]
+                faults: None,
             },
             runtime: None,
         }
@@ -465,6 +467,26 @@ impl LockConfig {
         self.settings.tls.client_cert = Some((cert_pem.into(), key_pem.into()));
         self
     }
+
+    /// In memory only (cargo feature `testing`): the clients built from this config suffer the
+    /// faults `faults` injects, so tests can see what their code does when a lock is
+    /// unavailable or lost (see [`testing`](crate::testing)). Keep a clone to inject them. Any
+    /// other backend rejects it (`LockError::Config` naming `faults`).
+    ///
+    /// ```
+    /// use lock_runtime::LockConfig;
+    /// use lock_runtime::testing::Faults;
+    ///
+    /// let faults = Faults::new();
+    /// let client = lock_runtime::LockClient::new(LockConfig::in_memory().faults(faults.clone()));
+    /// # assert!(client.is_ok());
+    /// faults.unavailable("wallet:*");
+    /// ```
+    #[cfg(feature = "testing")]
+    pub fn faults(mut self, faults: crate::testing::Faults) -> Self {
+        self.settings.faults = Some(faults);
+        self
+    }
 }
 
 impl Default for LockConfig {
@@ -497,6 +519,9 @@ pub(crate) struct Settings {
     pub(crate) master_auth: Option<Credentials>,
     /// The owner name recorded in every grant (`None`: `host:pid`).
     pub(crate) owner: Option<String>,
+    /// In memory: the faults injected into the node (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub(crate) faults: Option<crate::testing::Faults>,
 }
 
 /// A user name and password given apart from a URL. `Debug` shows the user only.

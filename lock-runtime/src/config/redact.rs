@@ -16,7 +16,8 @@ impl fmt::Debug for BackendChoice {
 
 impl fmt::Debug for LockConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockConfig")
+        let mut shown = f.debug_struct("LockConfig");
+        shown
             .field("backend", &self.backend)
             .field("key_prefix", &self.settings.key_prefix)
             .field("default_ttl", &self.settings.default_ttl)
@@ -53,8 +54,12 @@ impl fmt::Debug for LockConfig {
                         "library's own"
                     }
                 ),
-            )
-            .finish()
+            );
+        #[cfg(feature = "testing")]
+        if let Some(faults) = &self.settings.faults {
+            shown.field("faults", faults);
+        }
+        shown.finish()
     }
 }
 

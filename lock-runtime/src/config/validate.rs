@@ -32,6 +32,13 @@ impl LockConfig {
                 "only applies to sentinel (the other backends take credentials in their URLs)",
             ));
         }
+        #[cfg(feature = "testing")]
+        if settings.faults.is_some() && backend.kind() != crate::backend::BackendKind::Memory {
+            return Err(LockError::config(
+                "faults",
+                "only applies to in_memory (faults are injected into the in-memory backend)",
+            ));
+        }
         settings.tls.check(backend.uses_tls())?;
         check_ttl("default_ttl", settings.default_ttl)?;
         positive("retry_delay", settings.retry_delay)?;
