@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockConfig, LockError};
+use lock_runtime::{Lock, LockClient, LockConfig, LockError};
 use lock_tests::{
     Foreign, Interop, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker, bounded, client,
-    lock_keys, unique_key, wait_until_async,
+    config_field, lock_keys, unique_key, wait_until_async,
 };
 
 /// A foreign client's answer to one command: its attempt or release (a round trip per node).
@@ -264,26 +264,48 @@ async fn a_counter_incremented_under_the_lock_by_every_language_loses_no_update(
     assert_eq!(count, total, "updates lost");
 }
 
-/// Our locks of other shapes on the same name: a shared lock and a semaphore keep a sorted set
-/// in the lock's key, which a foreign `SET NX` finds there (refused, no error); each key of a
-/// lock of several keys is a plain lock key, refused as one.
+/// Our locks of other shapes on the same name. A fair lock's key is a plain lock key (its line
+/// is in keys of its own), refused as one; a shared lock and a semaphore keep a sorted set in the
+/// lock's key, which a foreign `SET NX` finds there (refused, no error); each key of a lock of
+/// several keys is a plain lock key, refused as one too. The other way, a key that redis-py
+/// holds refuses our fair and shared locks and our lock of several keys (`Contended`), and our
+/// semaphore of the key says the key is used as another kind of lock (`Config { field:
+/// "permits" }`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_shared_locks_semaphores_and_multi_key_locks_refuse_redis_py() {
+async fn our_fair_and_shared_locks_semaphores_and_multi_key_locks_and_redis_py_exclude_each_other()
+{
     let Some((interop, server, locks)) = on_one_node() else {
         return;
     };
-    let [shared, permits, first, second] =
-        ["shared", "permits", "many-a", "many-b"].map(|s| unique_key(&format!("interop:{s}")));
-    let held = [
-        (locks.lock(&shared).shared(true), &shared, "zset"),
-        (locks.lock(&permits).permits(2), &permits, "zset"),
-        (locks.lock_many([&first, &second]), &first, "string"),
+    let [fair, shared, permits, first, second] = ["fair", "shared", "permits", "many-a", "many-b"]
+        .map(|s| unique_key(&format!("interop:{s}")));
+    let fair_lock = || locks.lock(&fair).fair(true);
+    let shared_lock = || locks.lock(&shared).shared(true);
+    let semaphore = || locks.lock(&permits).permits(2);
+    let many = || locks.lock_many([&first, &second]);
+    let shapes: [(&dyn Fn() -> Lock, &str, &str); 4] = [
+        (&fair_lock, &fair, "string"),
+        (&shared_lock, &shared, "zset"),
+        (&semaphore, &permits, "zset"),
+        (&many, &first, "string"),
     ];
-    for (lock, name, kind) in held {
-        let guard = lock.acquire().await.unwrap();
+    for (lock, name, kind) in shapes {
         let key = lock_keys(name).lock;
-        assert_eq!(key_type(&server, &key), kind, "{name}");
         let mut other = interop.start(Foreign::RedisPy, &[server.port()], &key, FOREIGN_TTL);
+        assert_eq!(ask(&mut other, "try"), "held", "{name}");
+        let refused = lock().acquire().await;
+        if name == permits {
+            assert_eq!(config_field(refused), "permits", "{name}");
+        } else {
+            assert!(
+                matches!(refused, Err(LockError::Contended { .. })),
+                "{name}: {refused:?}"
+            );
+        }
+        assert_eq!(ask(&mut other, "release"), "released", "{name}");
+
+        let guard = lock().acquire().await.unwrap();
+        assert_eq!(key_type(&server, &key), kind, "{name}");
         assert_eq!(ask(&mut other, "try"), "refused", "{name}");
         guard.release().await.unwrap();
         assert_eq!(ask(&mut other, "try"), "held", "{name}: after our release");
