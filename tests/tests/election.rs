@@ -123,7 +123,8 @@ async fn a_stopped_server_is_an_error_never_no_leader() {
     assert!(!campaign.is_finished(), "{:?}", campaign.await);
 
     server.restart();
-    // Its retries back off up to 1.2 s apart (100 ms doubling to 800 ms, jitter 0.5), then one
+    // Its retries back off at most 300 ms apart (100 ms doubling, jitter 0.5, capped at
+    // 2 x 100 ms x 1.5; 1.2 s is the bound from before that cap, which still holds), then one
     // reconnect and one request.
     let retry = Duration::from_millis(1200) + REQUEST * 2 + SCHEDULING_SLACK;
     let elected = bounded(retry, "the campaign", campaign)
@@ -237,8 +238,8 @@ fn kill_two_leaders(urls: &str, data: &RedisServer) -> Vec<Duration> {
 }
 
 /// A Redlock client of `urls` with short timeouts (one request [`QUICK_REQUEST`]) and pauses
-/// between attempts below a second (`retry_delay` 20 ms doubling up to 8x, jittered by half: at
-/// most [`GATED_PAUSE`]), so a waiting campaign's attempts stay gated: they ask the gate node
+/// between attempts below a second (`retry_delay` 20 ms doubling, jittered by half: at most
+/// 2 x 20 ms x 1.5 = 60 ms, within [`GATED_PAUSE`]), so a waiting campaign's attempts stay gated: they ask the gate node
 /// first (the gate is taken for a lock found held in the last second).
 fn gated_redlock(urls: Vec<String>) -> LockClient {
     LockClient::new(
@@ -250,7 +251,8 @@ fn gated_redlock(urls: Vec<String>) -> LockClient {
     .unwrap()
 }
 
-/// The longest pause of a [`gated_redlock`] waiter: 8 x 20 ms x 1.5.
+/// A bound on the longest pause of a [`gated_redlock`] waiter: 8 x 20 ms x 1.5 (the backoff's
+/// cap before it was `2 x retry_delay x 1.5`, which this still bounds).
 const GATED_PAUSE: Duration = Duration::from_millis(240);
 
 /// The value of `name`'s lock on `node` (the leader's token: compared, never printed).

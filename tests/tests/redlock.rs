@@ -1624,10 +1624,12 @@ async fn a_token_is_handed_out_once_a_majority_of_its_granting_nodes_has_it() {
 }
 
 /// The backoff of [`a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause`]'s waiter:
-/// its pauses (`retry_delay` doubling up to 8x, jittered by half) stay below a second, so its
-/// attempts stay gated (the gate is taken for a lock found held in the last second).
+/// its pauses (`retry_delay` doubling, jittered by half, at most 2 x 20 ms x 1.5 = 60 ms) stay
+/// below a second, so its attempts stay gated (the gate is taken for a lock found held in the
+/// last second).
 const STALE_GATE_RETRY: Duration = Duration::from_millis(20);
-/// The longest pause of that waiter: 8 x [`STALE_GATE_RETRY`] x 1.5.
+/// A bound on the longest pause of that waiter: 8 x [`STALE_GATE_RETRY`] x 1.5 (the backoff's
+/// cap before it was `2 x retry_delay x 1.5`, which this still bounds).
 const STALE_GATE_PAUSE: Duration = Duration::from_millis(240);
 /// The old holder's ttl: what its copy left on the gate held a gated waiter up for.
 const STALE_GATE_TTL: Duration = Duration::from_secs(30);

@@ -355,7 +355,7 @@ async fn min_replicas_withdraws_a_grant_no_replica_acknowledged() {
 /// The Sentinel master is killed while four tasks take and release two locks: no two holders at
 /// once, and once every sentinel names the promoted replica, the tasks get their next grant
 /// within `sentinel::RECHECK` (1s) + connect_timeout + response_timeout (1.5s) + the longest
-/// retry backoff (1.2s): 3.7s.
+/// retry backoff (1.2s before it was capped at 300 ms; kept as the bound): 3.7s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_master_killed_during_a_stress_run_is_followed_within_the_bound() {
     let set = Arc::new(Mutex::new(SentinelSet::start()));

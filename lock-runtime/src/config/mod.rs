@@ -264,7 +264,12 @@ impl LockConfig {
     }
 
     /// Base delay between attempts while waiting when no release notification arrives
-    /// (default 100ms). A waiter never sleeps past the holder's remaining TTL.
+    /// (default 100ms), doubling with every attempt (each jittered, see
+    /// [`retry_jitter`](Self::retry_jitter)) up to at most `2 x retry_delay x (1 + retry_jitter)`
+    /// between two attempts (300 ms by default). A waiter never sleeps past the holder's remaining
+    /// TTL, and notices a release that announces nothing (by another library on the same key,
+    /// such as redis-py's `Lock` or node-redlock, or a key deleted by hand) within that longest
+    /// pause plus one request.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.settings.retry_delay = delay;
         self

@@ -1,10 +1,11 @@
-//! Child processes running a binary of this package (`counter_worker`, `redlock_worker`, `holder`).
+//! Child processes running a binary of this package (`counter_worker`, `redlock_worker`, `holder`),
+//! or a script driven line by line on its stdin (the interop tests' foreign lock clients).
 
 // A harness failure should stop the test loudly, with the child's output in the message.
 #![allow(clippy::expect_used)]
 
-use std::io::{BufRead as _, BufReader, Read as _};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -21,6 +22,8 @@ const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Worker {
     name: String,
     child: Child,
+    /// Open only for a worker started by [`spawn_driven`](Worker::spawn_driven).
+    stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     stdout: Vec<String>,
     stderr: Option<JoinHandle<String>>,
@@ -49,11 +52,25 @@ impl Worker {
         args: &[S],
         env: &[(&str, &str)],
     ) -> Worker {
+        Self::start(binary, args, env, Stdio::null())
+    }
+
+    /// Starts `program` with `args` and stdin open, for [`ask`](Self::ask).
+    pub fn spawn_driven<S: AsRef<std::ffi::OsStr>>(program: &str, args: &[S]) -> Worker {
+        Self::start(program, args, &[], Stdio::piped())
+    }
+
+    fn start<S: AsRef<std::ffi::OsStr>>(
+        binary: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+        stdin: Stdio,
+    ) -> Worker {
         let name = binary.rsplit('/').next().unwrap_or(binary).to_owned();
         let mut child = Command::new(binary)
             .args(args)
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -76,6 +93,7 @@ impl Worker {
         });
         Worker {
             name,
+            stdin: child.stdin.take(),
             child,
             lines,
             stdout: Vec::new(),
@@ -109,6 +127,24 @@ impl Worker {
                 );
             }
         }
+    }
+
+    /// Writes `command` as one line to the child's stdin, then answers its next stdout line (see
+    /// [`next_line`](Self::next_line)). Panics for a worker not started by
+    /// [`spawn_driven`](Self::spawn_driven), or whose stdin is closed.
+    pub fn ask(&mut self, command: &str, timeout: Duration) -> String {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .expect("a worker started by spawn_driven");
+        if let Err(e) = writeln!(stdin, "{command}").and_then(|()| stdin.flush()) {
+            let stderr = self.kill_and_collect_stderr();
+            panic!(
+                "{}: cannot send {command:?}: {e}\nstderr: {stderr}",
+                self.name
+            );
+        }
+        self.next_line(timeout)
     }
 
     /// The next stdout line if one comes within `timeout`, else `None` (the child runs on).
