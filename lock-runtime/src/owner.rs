@@ -68,14 +68,21 @@ impl Identity {
         }
     }
 
-    /// A holder value: `secret`, then the record of a grant asked for at `asked`.
-    pub(crate) fn value(&self, secret: &str, asked: SystemTime) -> String {
+    /// A holder value: `secret`, then the record of a grant asked for at `asked`. One
+    /// allocation: the value is written into a buffer this thread keeps, then copied once into
+    /// its `Arc` (a `String` made into an `Arc<str>` is two).
+    pub(crate) fn value(&self, secret: &str, asked: SystemTime) -> std::sync::Arc<str> {
         use std::fmt::Write as _;
-        let mut value = String::with_capacity(secret.len() + 24 + self.tail.len());
-        value.push_str(secret);
-        // Writing to a String cannot fail.
-        let _ = write!(value, "{SEP}{VERSION}{SEP}{}{}", millis(asked), self.tail);
-        value
+        thread_local! {
+            static BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        BUFFER.with_borrow_mut(|value| {
+            value.clear();
+            value.push_str(secret);
+            // Writing to a String cannot fail.
+            let _ = write!(value, "{SEP}{VERSION}{SEP}{}{}", millis(asked), self.tail);
+            std::sync::Arc::from(value.as_str())
+        })
     }
 
     /// The owner the record of a grant asked for at `asked` names, as [`parse`] reads it.
@@ -95,7 +102,7 @@ impl Identity {
 
     #[cfg(test)]
     fn record(&self) -> String {
-        self.value("", SystemTime::now())
+        self.value("", SystemTime::now()).to_string()
     }
 }
 

@@ -289,7 +289,7 @@ impl Token {
         self.value.get_or_init(|| {
             // Always ASCII hex digits.
             let secret = std::str::from_utf8(&self.secret).unwrap_or_default();
-            self.identity.value(secret, wall_clock(self.asked)).into()
+            self.identity.value(secret, wall_clock(self.asked))
         })
     }
 
