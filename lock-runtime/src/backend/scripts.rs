@@ -467,8 +467,9 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// is told, withdrawal or not, and the flag stays as long as the handed lock or a place in line
 /// does. Otherwise every waiter is woken, and each refused one sets the flag again. A withdrawal
 /// leaves the flag to the waiters it is theirs. A wake-up ("2") acts as the release it follows
-/// while the lock is still free, and does nothing once someone took it: that holder's release
-/// wakes the waiters. Returns 1 when `token` held the lock (a wake-up: when the lock is free).
+/// while the lock is still free; once someone took it, it only wakes the waiters that do not
+/// queue (see [`TAKE_BACK_QUIETLY`]). Returns 1 when `token` held the lock (a wake-up: when the
+/// lock is free).
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
@@ -503,15 +504,24 @@ return released
 
 /// Lua for [`EXCLUSIVE_RELEASE`]: deletes the lock `K` if `ARGV[1]` (the token) holds it, with
 /// the waiting flag `W` when it wakes (`ARGV[4]`), and returns at once when nobody waits (the
-/// flag was not there). A wake-up after a native release (`ARGV[4]` "2") returns at once when
-/// someone holds the lock again, and otherwise deletes the flag and goes on as the release.
+/// flag was not there). A wake-up after a native release (`ARGV[4]` "2") deletes the flag and
+/// goes on as the release while the lock is free; when someone took it in between, it still
+/// wakes the waiters unless they queue (they find it held, and mark it again), and keeps the
+/// flag: under Redlock the releaser's next attempt often lands on a node before its previous
+/// release's wake-up there (a release returns once a quorum confirmed it), and waiters woken by
+/// nobody would wait for their next poll.
 /// Leaves `released` and `holder` as [`TAKE_BACK`] does; a `holder` of another type (a shared
 /// lock's sorted set, where a writer's mark may be ours) is the caller's to handle.
 const TAKE_BACK_QUIETLY: &str = r"
 local released = 0
 local holder = redis.pcall('GET', K)
 if ARGV[4] == '2' then
-  if holder then return 0 end
+  if holder then
+    if type(holder) ~= 'table' and redis.call('EXISTS', Q) == 0 then
+      redis.pcall(ARGV[2], ARGV[3], '')
+    end
+    return 0
+  end
   released = 1
   if redis.call('DEL', W) == 0 then return 1 end
 elseif holder == ARGV[1] then

@@ -705,9 +705,10 @@ impl Calls {
     /// [`acquire_plain`](Self::acquire_plain)). When someone waits, [`scripts::EXCLUSIVE_RELEASE`]
     /// follows as a wake-up ("2": the lock was deleted already): if the lock is still free, it
     /// hands it to the first waiter in line or wakes every waiter, and deletes the flag, as a
-    /// scripted release does; if someone took the lock in between, that holder's release wakes
-    /// them instead. A wake-up that fails leaves the waiters to find the lock free when they
-    /// next look (their backoff), and the release stands.
+    /// scripted release does; if someone took the lock in between, it wakes the waiters all the
+    /// same (queued ones wait for that holder's release to hand it on). A wake-up that fails
+    /// leaves the waiters to find the lock free when they next look (their backoff), and the
+    /// release stands.
     ///
     /// `None` when the script must answer: the key is not a string (a shared lock or a
     /// semaphore), the lock was not ours while someone waits (the script also tidies the
