@@ -1,7 +1,7 @@
 //! The script and transaction calls on one Redis master, and the decoding of their replies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -60,6 +60,10 @@ pub(crate) struct Calls {
     /// and renew a plain lock without a script; `None` through a cluster connection, which
     /// could ask any of its nodes (the scripts serve there).
     native: Option<Known>,
+    /// Until when (ms on [`clock_ms`]) releases here go by script although the server has its
+    /// own compare-and-delete: a native release met waiters within the last second (see
+    /// [`release_native`](Self::release_native)).
+    waited_until_ms: AtomicU64,
 }
 
 impl Calls {
@@ -75,6 +79,7 @@ impl Calls {
             plain: server && settings.min_replicas.is_none(),
             let_go_loaded: server.then(|| AtomicU32::new(0)),
             native: server.then(Known::default),
+            waited_until_ms: AtomicU64::new(0),
             queue_starving: AtomicBool::new(true),
             fence: server.then(|| server_fence_key(&settings.key_prefix)),
             waits: None,
@@ -638,6 +643,7 @@ impl Calls {
             && mode == Mode::Exclusive
             && wake
             && names.len() == 1
+            && clock_ms() >= self.waited_until_ms.load(Ordering::Relaxed)
             && let Some(answer) = self.release_native(conn, &names[0], token, how).await
         {
             return answer;
@@ -706,7 +712,9 @@ impl Calls {
     /// follows as a wake-up ("2": the lock was deleted already): if the lock is still free, it
     /// hands it to the first waiter in line or wakes every waiter, and deletes the flag, as a
     /// scripted release does; if someone took the lock in between, it wakes the waiters all the
-    /// same (queued ones wait for that holder's release to hand it on). A wake-up that fails
+    /// same (queued ones wait for that holder's release to hand it on); and the server's
+    /// releases of the next second go by script, which deletes and wakes in one round trip (a
+    /// lock someone waits for is mostly released again soon). A wake-up that fails
     /// leaves the waiters to find the lock free when they next look (their backoff), and the
     /// release stands.
     ///
@@ -769,6 +777,10 @@ impl Calls {
         match (deleted, waited) {
             (1, 0) => Some(Ok(true)),
             (1, _) => {
+                // Someone waits: the next second's releases on this server go by script, which
+                // deletes and wakes in one round trip (a contended lock is released again soon).
+                self.waited_until_ms
+                    .store(clock_ms() + WAITED_FOR_MS, Ordering::Relaxed);
                 let mut call = ScriptCall::new(&scripts::EXCLUSIVE_RELEASE, 4);
                 call.arg(&lock)
                     .arg(keys.arg(KeyKind::Queue))
@@ -868,6 +880,16 @@ impl ScriptCall {
             self.arg("")
         }
     }
+}
+
+/// How long releases on a server go by script after a native release there met waiters.
+const WAITED_FOR_MS: u64 = 1000;
+
+/// Milliseconds on the monotonic clock since the first call.
+fn clock_ms() -> u64 {
+    static EPOCH: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A connection [`Calls`] can use.
