@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -132,12 +131,7 @@ pub(super) struct Fanout {
     pub(super) tasks: TaskTracker,
     /// The runtime the rest runs on: the one whose context the call entered.
     pub(super) runtime: Option<Handle>,
-    /// When the parts began.
-    started: Instant,
 }
-
-/// The longest a decided call waits in place for its last parts (see [`Fanout::decided`]).
-const SETTLE_CAP: Duration = Duration::from_millis(2);
 
 impl Fanout {
     pub(super) fn new(tasks: &TaskTracker) -> Self {
@@ -145,7 +139,6 @@ impl Fanout {
             running: FuturesUnordered::new(),
             tasks: tasks.clone(),
             runtime: Handle::try_current().ok(),
-            started: Instant::now(),
         }
     }
 
@@ -164,20 +157,10 @@ impl Fanout {
         }
     }
 
-    /// Once the decision is out: waits in place for the parts still running, as long as the
-    /// decision took and at most [`SETTLE_CAP`], then lets those left go on as a task. The nodes
-    /// of a healthy set answer within about the same time, so their last parts mostly end here:
-    /// a task per call, polled on the library's runtime, cost two thread wake-ups per call and
-    /// about half the client's CPU (5 nodes, 16 tasks); a frozen or slow minority costs a call
-    /// at most that wait.
-    pub(super) async fn decided(mut self) {
+    /// Ends the parts that are done once the decision is out (kept grants), and lets the others
+    /// go on as a task.
+    pub(super) fn decided(mut self) {
         while let Some(Some(())) = self.running.next().now_or_never() {}
-        if self.running.is_empty() {
-            return;
-        }
-        let grace = self.started.elapsed().min(SETTLE_CAP);
-        let rest = async { while self.running.next().await.is_some() {} };
-        let _ = tokio::time::timeout(grace, rest).await;
     }
 }
 

@@ -282,7 +282,7 @@ impl Quorum {
                             step.end_unused(&self.tasks);
                         }
                         verdict_tx.send_replace(Some(false));
-                        parts.decided().await;
+                        parts.decided();
                         self.memory.mark_contended(&names[0]);
                         self.memory.refused(names, token, pttl, Some(copy));
                         return Ok(Attempt::Held {
@@ -406,7 +406,7 @@ impl Quorum {
             unraised = Some(raise_failures);
         }
         verdict_tx.send_replace(Some(acquired));
-        parts.decided().await;
+        parts.decided();
         let ticket = gate_ticket.or(other_ticket);
         if acquired {
             if gated {
@@ -645,11 +645,11 @@ impl Quorum {
                 Err(f) => failures.push(f),
             }
             if ours >= self.quorum {
-                parts.decided().await;
+                parts.decided();
                 return Ok(true);
             }
             if n - not_ours < self.quorum {
-                parts.decided().await;
+                parts.decided();
                 return Ok(false);
             }
         }
