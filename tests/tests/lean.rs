@@ -305,3 +305,58 @@ async fn a_server_without_delifeq_behind_the_same_address_is_released_by_script(
         "both released by script"
     );
 }
+
+/// A waiter with a short wait, refused after one that waits on, must not shorten the lock's
+/// waiting flag: the flag would lapse when the short wait ends, the holder's release would wake
+/// nobody, and the long waiter (whose polls are seconds apart) would sleep through it. Found by
+/// the model (`lock-model/tests/found.rs`): the plain waiter's `SET waiting 1 PX <its wait>`
+/// replaced a longer mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_waiter_does_not_shorten_a_long_waiters_mark() {
+    let server = RedisServer::start();
+    let config = LockConfig::single(server.url()).retry_delay(Duration::from_secs(5));
+    let [holder, long, short] = [(); 3].map(|()| client(config.clone()));
+    let key = unique_key("lean:marks");
+    let keys = lock_keys(&key);
+    let held = holder.lock(&key).acquire().await.unwrap();
+    let asked = server.command_calls("pttl");
+    let waiting = tokio::spawn({
+        let lock = long.lock(&key).wait(Duration::from_secs(30));
+        async move { lock.acquire().await }
+    });
+    // Its first attempt and the one after its subscription was confirmed, each marking the lock.
+    wait_until_async(
+        Duration::from_secs(5),
+        "the long waiter refused twice",
+        || server.command_calls("pttl") >= asked + 2,
+    )
+    .await;
+    let pttl = || -> i64 {
+        redis::cmd("PTTL")
+            .arg(&keys.waiting)
+            .query(&mut server.admin())
+            .expect("PTTL of the waiting flag")
+    };
+    let marked = pttl();
+    let since = std::time::Instant::now();
+    let refused = short
+        .lock(&key)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(refused.is_err(), "the short waiter was granted");
+    // The long waiter's mark, less the time that passed (and a few milliseconds of rounding:
+    // a shortened mark lives at most the short waiter's 300 ms).
+    let left = marked - i64::try_from(since.elapsed().as_millis()).unwrap() - 5;
+    let now = pttl();
+    assert!(
+        now >= left,
+        "the short waiter shortened the waiting flag from {left} ms to {now} ms"
+    );
+    held.release().await.unwrap();
+    let got = bounded(Duration::from_secs(2), "the long waiter, woken", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+}

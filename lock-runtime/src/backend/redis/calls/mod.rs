@@ -503,7 +503,8 @@ impl Calls {
 
     /// A plain lock of one key without a fence, asked for as a hand-written lock does: one
     /// `SET NX PX GET`, no script. A refused caller that waits then marks the lock waited for
-    /// (its waiting flag, until its next attempt at the latest: its lease, or the rest of its
+    /// (its waiting flag, made or lengthened but never shortened, since another waiter's mark
+    /// may outlast this one's; until its next attempt at the latest: its lease, or the rest of its
     /// wait when shorter, so a waiter that gives up leaves the flag no longer; a release that
     /// finds no flag wakes nobody, see [`scripts::EXCLUSIVE_RELEASE`]) and reads its time to live, which bounds the wait, in
     /// a second round trip: the flag first, so that a release that did not see it came before
@@ -563,15 +564,23 @@ impl Calls {
             }));
         }
         let waiting = keys.arg(KeyKind::Waiting);
-        let mut mark = command("SET", 5, waiting.len() + 24);
-        mark.arg(&waiting)
-            .arg("1")
-            .arg("PX")
-            .arg(millis(ask.waits.min(ask.lease)).max(1));
+        // Made, or made to live longer, never shorter: another waiter's mark may outlast this
+        // one's wait (the scripts' `mark_waiting` does the same). A plain `SET .. PX` replaced
+        // it, and a waiter with a short wait then cut a long waiter's mark, whose release came
+        // to nobody (found by the model, `lock-model/tests/found.rs`).
+        let ms = millis(ask.waits.min(ask.lease)).max(1);
+        let mut mark = command("SET", 6, waiting.len() + 24);
+        mark.arg(&waiting).arg("1").arg("NX").arg("PX").arg(ms);
+        let mut longer = command("PEXPIRE", 3, waiting.len() + 24);
+        longer.arg(&waiting).arg(ms).arg("GT");
         let mut pttl = command("PTTL", 1, lock.len());
         pttl.arg(&lock);
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(mark).ignore().add_command(pttl);
+        let mut pipe = redis::Pipeline::with_capacity(3);
+        pipe.add_command(mark)
+            .ignore()
+            .add_command(longer)
+            .ignore()
+            .add_command(pttl);
         let pttl: i64 = match self
             .bounded("acquire", pipe.query_async::<(i64,)>(&mut c))
             .await
