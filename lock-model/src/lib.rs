@@ -625,7 +625,7 @@ impl Model for Protocol {
                     queue: queue && (fair || starving),
                 };
                 let mark = if queue { waits } else { 0 };
-                let ask = if fair || (starving && queue) {
+                let ask = if fair || starving {
                     Ask::Fair { queue }
                 } else if fencing {
                     Ask::One { mark }

@@ -53,13 +53,9 @@ fn default_fenced_lock_two_clients() {
     check(two(false, true));
 }
 
-/// One tick longer: a hand-off to a place that lapsed (`mutation-stale-handoff`) needs five.
 #[test]
 fn fair_lock_two_clients() {
-    check(Config {
-        max_time: 5,
-        ..two(true, false)
-    });
+    check(two(true, false));
 }
 
 #[test]
