@@ -81,6 +81,25 @@
 //! is promised nothing (it sleeps its backoff), and starvation by barging newcomers is allowed
 //! (a default lock is not fair; the queue bounds a starving waiter's wait).
 //!
+//! # Mutations
+//!
+//! Each `mutation-*` feature puts a defect back; `cargo test -p lock-model --features <it>` must
+//! then fail with a trace. `mutation-no-waiting-flag-on-refusal` (a refused waiter leaves no
+//! flag: its holder's release tells nobody) and `mutation-pttl-before-flag` (the plain waiter's
+//! `PTTL` read before its flag is set, in two commands: a release between them tells nobody
+//! while the `PTTL` promised a held key) break "no lost wake-up"; `mutation-handoff-full-ttl`
+//! breaks "holder holds". `mutation-stale-handoff` is not found at the CI sizes (two clients:
+//! a lock handed to a lapsed place needs a third client to take it meanwhile), and
+//! `mutation-unrenewed-place` is unreachable since the lean redesign (the only attempt that does
+//! not queue is a waiter's last, after which it gives up); both are kept for larger runs.
+//!
+//! # Found in the real design
+//!
+//! `tests/found.rs` replays a lost wake-up: `Calls::acquire_plain` marks with a plain
+//! `SET waiting 1 PX <mark>`, which *shortens* a longer mark, unlike `mark_waiting` in the
+//! scripts; a short waiter's mark then lapses before a long waiter's pause ends, and the release
+//! tells nobody (the long waiter wakes at its backoff poll instead).
+//!
 //! Not modelled: renewal of a held lock, the subscription's set-up (see Messages), several nodes
 //! (Redlock), replication (Sentinel, Cluster: hand-offs are not taken as grants there), several
 //! keys, shared locks and semaphores, `min_hold`, forced release.
