@@ -15,9 +15,12 @@
 //! - **A default lock, unfenced** (`Calls::acquire_plain`): [`Ask::Set`] is `SET NX PX GET`
 //!   (granted when free, whatever the line: newcomers barge; a key already holding the caller's
 //!   token is answered by `ACQUIRE_ONE`, which refreshes it); a refused caller that waits then
-//!   sends [`Ask::MarkThenPttl`], the second round trip: `SET waiting 1 PX mark` (overwriting
-//!   the flag's expiry, as the code does) and `PTTL` (the key's expiry bounds its pause; `-2`:
-//!   ask again at once). The mark is the waiter's lease or the rest of its wait, the shorter.
+//!   sends [`Ask::MarkThenPttl`], the second round trip: `SET waiting 1 NX PX mark` and
+//!   `PEXPIRE waiting mark GT` (the flag lives *at least* the mark, never shorter: a plain
+//!   `SET .. PX` there let a short waiter cut a long waiter's mark, the lost wake-up this model
+//!   found, `tests/found.rs`, and feature `mutation-plain-mark-shortens`) and `PTTL` (the key's
+//!   expiry bounds its pause; `-2`: ask again at once). The mark is the waiter's lease or the
+//!   rest of its wait, the shorter.
 //! - **A default lock, fenced** (`scripts::ACQUIRE_ONE`, [`Ask::One`]): the fence counter's
 //!   `INCR` (every call, refused or not), `SET NX PX GET`, a refused waiter's `mark_waiting`
 //!   (the flag lives *at least* the mark: `SET NX PX`, else `PEXPIRE GT`) and `PTTL`, one step.
@@ -362,13 +365,15 @@ impl Protocol {
                             ask: Ask::Mark { mark },
                         },
                     );
-                } else if !cfg!(feature = "mutation-no-waiting-flag-on-refusal") {
+                } else if cfg!(feature = "mutation-plain-mark-shortens") {
                     server.flag = Some(now + mark);
+                } else if !cfg!(feature = "mutation-no-waiting-flag-on-refusal") {
+                    Self::mark_waiting(server, now + mark);
                 }
                 Reply::Held { ticket: 0, until }
             }
             Ask::Mark { mark } => {
-                server.flag = Some(now + mark);
+                Self::mark_waiting(server, now + mark);
                 Reply::Released
             }
             Ask::Fair { queue } => {

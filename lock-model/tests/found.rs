@@ -1,6 +1,6 @@
 //! What the model found in the real design, replayed step by step: each test walks the trace
-//! that breaks a property, and passes while the defect is there (the lead fixes `lock-runtime`
-//! against a real server, then this test flips to the fixed behaviour).
+//! that broke a property, and checks that it holds now that `lock-runtime` is fixed (each fix
+//! with its real-server test); the defect's mutation feature makes it fail again.
 
 use lock_model::{Action, Config, Protocol, State};
 use stateright::Model;
@@ -31,13 +31,16 @@ fn holds(model: &Protocol, state: &State, property: &str) -> bool {
     (p.condition)(model, state)
 }
 
-/// `Calls::acquire_plain` marks the lock waited for with `SET waiting 1 PX <its wait>`, which
-/// replaces a longer mark: a waiter with a short wait (a `try_lock` for 1 tick) shortens the
-/// flag of a waiter that waits on, the flag lapses, and the holder's release (`DEL lock
-/// waiting` deleted only the lock) tells nobody, while the long waiter sleeps on the `PTTL` it
-/// read. `mark_waiting` in the scripts (`SET NX PX`, else `PEXPIRE GT`) never shortens it.
+/// `Calls::acquire_plain` marked the lock waited for with `SET waiting 1 PX <its wait>`, which
+/// replaced a longer mark: a waiter with a short wait (a `try_lock` for 1 tick) shortened the
+/// flag of a waiter that waits on, the flag lapsed, and the holder's release (`DEL lock
+/// waiting` deleted only the lock) told nobody, while the long waiter slept on the `PTTL` it
+/// read. Fixed as the scripts' `mark_waiting` marks (`SET NX PX`, then `PEXPIRE GT`: never
+/// shorter), tested on a real server by `lean.rs::a_short_waiter_does_not_shorten_a_long_waiters_mark`.
+/// This walks the trace that found it: the release now wakes the long waiter. With the feature
+/// `mutation-plain-mark-shortens` (the old mark) it fails.
 #[test]
-fn a_short_waiters_plain_mark_shortens_the_flag_of_a_long_one() {
+fn a_short_waiters_mark_no_longer_shortens_the_flag_of_a_long_one() {
     let model = Protocol(Config {
         clients: 3,
         max_time: 2,
@@ -63,24 +66,25 @@ fn a_short_waiters_plain_mark_shortens_the_flag_of_a_long_one() {
             Deliver(0),
             Run(1),
             Deliver(0),
-            // C (2), waiting 1 tick, is refused and marks it until 1.
+            // C (2), waiting 1 tick, is refused and marks it until 1 (the old mark: cut to 1).
             Attempt(2),
             Run(2),
             Deliver(0),
             Run(2),
             Deliver(0),
             Tick,
-            // The flag is gone: A's release deletes the lock and tells nobody.
+            // A's release deletes the lock and (the flag still there) wakes B.
             Release(0),
             Run(0),
         ],
     );
+    assert!(state.server.lock.is_none(), "{state:?}");
     assert!(
-        state.server.lock.is_none() && state.messages.is_empty(),
-        "{state:?}"
+        !state.messages.is_empty(),
+        "the release told nobody: {state:?}"
     );
     assert!(
-        !holds(&model, &state, "no lost wake-up"),
-        "B is not asleep past a free lock: {state:?}"
+        holds(&model, &state, "no lost wake-up"),
+        "B asleep past a free lock with no wake-up coming: {state:?}"
     );
 }
