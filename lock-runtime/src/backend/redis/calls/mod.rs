@@ -1,7 +1,7 @@
 //! The script and transaction calls on one Redis master, and the decoding of their replies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -11,12 +11,11 @@ mod extend;
 mod inspect;
 mod native;
 
-use native::clock_ms;
-
 pub(crate) use inspect::{decode_inspect, inspect_invocation};
 
 use super::keys::{KeyKind, LockKeys, redis_keys, server_fence_key, slot_fence_key};
 use super::native::{Known, NativeCommands};
+use crate::atomic_instant::AtomicInstant;
 use crate::backend::scripts;
 use crate::backend::wait_pool::WaitPool;
 use crate::backend::{Ask, Attempt, Mode, Token, millis, millis_up};
@@ -63,10 +62,10 @@ pub(crate) struct Calls {
     /// and renew a plain lock without a script; `None` through a cluster connection, which
     /// could ask any of its nodes (the scripts serve there).
     native: Option<Known>,
-    /// Until when (ms on [`clock_ms`]) releases here go by script although the server has its
+    /// Until when releases here go by script although the server has its
     /// own compare-and-delete: a native release met waiters within the last second (see
     /// [`release_native`](Self::release_native)).
-    waited_until_ms: AtomicU64,
+    waited_until: AtomicInstant,
 }
 
 impl Calls {
@@ -82,7 +81,7 @@ impl Calls {
             plain: server && settings.min_replicas.is_none(),
             let_go_loaded: server.then(|| AtomicU32::new(0)),
             native: server.then(Known::default),
-            waited_until_ms: AtomicU64::new(0),
+            waited_until: AtomicInstant::default(),
             queue_starving: AtomicBool::new(true),
             fence: server.then(|| server_fence_key(&settings.key_prefix)),
             waits: None,
@@ -614,7 +613,7 @@ impl Calls {
             && mode == Mode::Exclusive
             && wake
             && names.len() == 1
-            && clock_ms() >= self.waited_until_ms.load(Ordering::Relaxed)
+            && std::time::Instant::now() >= self.waited_until.load()
             && let Some(answer) = self.release_native(conn, &names[0], token, how).await
         {
             return answer;
@@ -633,25 +632,8 @@ impl Calls {
                 // One key with a queue: a fair lock's waiters, or a plain lock's that waited past
                 // their threshold. Always with its channel, withdrawal or not: leaving the queue
                 // may hand the lock to the next waiter, who must be woken.
-                let keys = self.lock_keys(&names[0]);
-                let script = if mode == Mode::Fair {
-                    &scripts::FAIR_RELEASE
-                } else {
-                    &scripts::EXCLUSIVE_RELEASE
-                };
                 let fair = mode == Mode::Fair;
-                let mut call = ScriptCall::new(script, if fair { 3 } else { 4 });
-                call.arg(keys.arg(KeyKind::Lock))
-                    .arg(keys.arg(KeyKind::Queue))
-                    .arg(keys.arg(KeyKind::QueueLeases));
-                if !fair {
-                    call.arg(keys.arg(KeyKind::Waiting));
-                }
-                call.arg(token.as_str())
-                    .arg(self.publish)
-                    .arg(keys.arg(KeyKind::Released))
-                    .arg(if wake { "1" } else { "0" });
-                call
+                self.queued_release(&self.lock_keys(&names[0]), token, fair, wake_arg(wake))
             }
             (Mode::Shared | Mode::Permits(_), _) => {
                 let keys = self.lock_keys(&names[0]);
@@ -672,6 +654,35 @@ impl Calls {
             self.let_go(conn, "release", &call).await?
         };
         Ok(usize::try_from(deleted) == Ok(names.len()))
+    }
+
+    /// [`scripts::FAIR_RELEASE`] (`fair`) or [`scripts::EXCLUSIVE_RELEASE`] of one key's lock
+    /// for `token`; `wake` is the exclusive script's `ARGV[4]` ("1" a release, "0" a withdrawal,
+    /// "2" the wake-up after a native release), which the fair script does not take.
+    fn queued_release(
+        &self,
+        keys: &LockKeys,
+        token: &Token,
+        fair: bool,
+        wake: &'static str,
+    ) -> ScriptCall {
+        let script = if fair {
+            &scripts::FAIR_RELEASE
+        } else {
+            &scripts::EXCLUSIVE_RELEASE
+        };
+        let mut call = ScriptCall::new(script, if fair { 3 } else { 4 });
+        call.arg(keys.arg(KeyKind::Lock))
+            .arg(keys.arg(KeyKind::Queue))
+            .arg(keys.arg(KeyKind::QueueLeases));
+        if !fair {
+            call.arg(keys.arg(KeyKind::Waiting));
+        }
+        call.arg(token.as_str())
+            .arg(self.publish)
+            .arg(keys.arg(KeyKind::Released))
+            .arg(wake);
+        call
     }
 
     /// Compares the token on every key and `PEXPIRE`s each to `left` (the [`scripts::EXTEND`]
@@ -750,6 +761,11 @@ impl ScriptCall {
             self.arg("")
         }
     }
+}
+
+/// [`scripts::EXCLUSIVE_RELEASE`]'s `ARGV[4]` for a release (`wake`) or a withdrawal.
+fn wake_arg(wake: bool) -> &'static str {
+    if wake { "1" } else { "0" }
 }
 
 /// A connection [`Calls`] can use.

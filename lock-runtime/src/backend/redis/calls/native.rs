@@ -2,15 +2,14 @@
 //! which it has, the release by `DELIFEQ` or `DELEX .. IFEQ`, and when to leave them to the
 //! scripts.
 
-use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, Value};
 
-use super::{Calls, Conn, ScriptCall};
+use super::{Calls, Conn};
 use crate::backend::Token;
 use crate::backend::redis::keys::KeyKind;
 use crate::backend::redis::native::{NativeCommands, NativeRelease, Refusal, refusal};
-use crate::backend::scripts;
 use crate::error::NodeFailure;
 
 impl Calls {
@@ -60,7 +59,7 @@ impl Calls {
     /// waits (the common case) that is the whole release, with no script. The flag is read after
     /// the delete, so a waiter refused before it either set the flag before the read (and is
     /// woken here) or reads the lock's time to live after the delete (and asks again at once, see
-    /// [`acquire_plain`](Self::acquire_plain)). When someone waits, [`scripts::EXCLUSIVE_RELEASE`]
+    /// [`acquire_plain`](Self::acquire_plain)). When someone waits, [`scripts::EXCLUSIVE_RELEASE`](crate::backend::scripts::EXCLUSIVE_RELEASE)
     /// follows as a wake-up ("2": the lock was deleted already): if the lock is still free, it
     /// hands it to the first waiter in line or wakes every waiter, and deletes the flag, as a
     /// scripted release does; if someone took the lock in between, it wakes the waiters all the
@@ -131,17 +130,8 @@ impl Calls {
             (1, _) => {
                 // Someone waits: the next second's releases on this server go by script, which
                 // deletes and wakes in one round trip (a contended lock is released again soon).
-                self.waited_until_ms
-                    .store(clock_ms() + WAITED_FOR_MS, Ordering::Relaxed);
-                let mut call = ScriptCall::new(&scripts::EXCLUSIVE_RELEASE, 4);
-                call.arg(&lock)
-                    .arg(keys.arg(KeyKind::Queue))
-                    .arg(keys.arg(KeyKind::QueueLeases))
-                    .arg(&waiting)
-                    .arg(token.as_str())
-                    .arg(self.publish)
-                    .arg(keys.arg(KeyKind::Released))
-                    .arg("2");
+                self.waited_until.fetch_max(Instant::now() + WAITED_FOR);
+                let call = self.queued_release(&keys, token, false, "2");
                 if let Err(failure) = self.let_go(conn, "wake-up", &call).await {
                     tracing::debug!(
                         server = %self.addr,
@@ -158,11 +148,4 @@ impl Calls {
 }
 
 /// How long releases on a server go by script after a native release there met waiters.
-const WAITED_FOR_MS: u64 = 1000;
-
-/// Milliseconds on the monotonic clock since the first call.
-pub(super) fn clock_ms() -> u64 {
-    static EPOCH: std::sync::LazyLock<std::time::Instant> =
-        std::sync::LazyLock::new(std::time::Instant::now);
-    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+const WAITED_FOR: Duration = Duration::from_secs(1);
