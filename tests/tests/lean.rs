@@ -98,7 +98,7 @@ async fn a_release_announces_itself_only_when_someone_waits() {
 /// the wake-up script only behind the release somebody waits for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_valkey_a_native_release_announces_itself_only_when_someone_waits() {
-    let Some(server) = valkey(Vec::new()) else {
+    let Some(server) = valkey(ServerOptions::default()) else {
         return;
     };
     announces_itself_only_when_someone_waits(server, true).await;
@@ -172,13 +172,12 @@ async fn announces_itself_only_when_someone_waits(server: RedisServer, native: b
 }
 
 /// A `valkey-server` (`LOCK_TESTS_VALKEY_SERVER`, or the one `scripts/test.sh` fetches) with
-/// `acl_rules`; `None` when the Valkey tests are skipped.
-fn valkey(acl_rules: Vec<String>) -> Option<RedisServer> {
+/// `options`; `None` when the Valkey tests are skipped.
+fn valkey(options: ServerOptions) -> Option<RedisServer> {
     let binary = lock_tests::valkey_server()?;
     Some(RedisServer::start_with(ServerOptions {
         binary: Some(binary),
-        acl_rules,
-        ..ServerOptions::default()
+        ..options
     }))
 }
 
@@ -186,7 +185,7 @@ fn valkey(acl_rules: Vec<String>) -> Option<RedisServer> {
 /// `DELIFEQ` with `EXISTS` on the waiting flag in one round trip; no script.
 #[tokio::test]
 async fn on_valkey_an_unfenced_uncontended_pair_runs_no_script() {
-    let Some(server) = valkey(Vec::new()) else {
+    let Some(server) = valkey(ServerOptions::default()) else {
         return;
     };
     let locks = client(LockConfig::single(server.url()));
@@ -209,7 +208,7 @@ async fn on_valkey_an_unfenced_uncontended_pair_runs_no_script() {
 /// past its ttl.
 #[tokio::test]
 async fn on_valkey_a_held_lock_renews_without_a_script() {
-    let Some(server) = valkey(Vec::new()) else {
+    let Some(server) = valkey(ServerOptions::default()) else {
         return;
     };
     let locks = client(LockConfig::single(server.url()));
@@ -239,7 +238,10 @@ async fn on_valkey_a_held_lock_renews_without_a_script() {
 #[tokio::test]
 async fn on_valkey_a_refused_delifeq_releases_by_script_from_then_on() {
     let rule = "user locker on >lockpw ~* &* +@all -delifeq".to_owned();
-    let Some(server) = valkey(vec![rule]) else {
+    let Some(server) = valkey(ServerOptions {
+        acl_rules: vec![rule],
+        ..ServerOptions::default()
+    }) else {
         return;
     };
     let locks = client(LockConfig::single(server.url_as("locker", "lockpw")));
@@ -262,14 +264,15 @@ async fn on_valkey_a_refused_delifeq_releases_by_script_from_then_on() {
 /// script, then and from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_delifeq_behind_the_same_address_is_released_by_script() {
-    let Some(first) = valkey(Vec::new()) else {
+    let Some(first) = valkey(ServerOptions::default()) else {
         return;
     };
-    let second = RedisServer::start_with(ServerOptions {
-        binary: lock_tests::valkey_server(),
+    let Some(second) = valkey(ServerOptions {
         config_lines: vec![r#"rename-command DELIFEQ """#.to_owned()],
         ..ServerOptions::default()
-    });
+    }) else {
+        return;
+    };
     let proxy = FaultProxy::start(first.port());
     let locks = client(LockConfig::single(proxy.url()));
     warm_up(&locks).await;
