@@ -92,13 +92,15 @@
 //! `PTTL` read before its flag is set, in two commands: a release between them tells nobody
 //! while the `PTTL` promised a held key) break "no lost wake-up"; `mutation-handoff-full-ttl`
 //! breaks "holder holds". `mutation-stale-handoff` is not found at the CI sizes (two clients:
-//! a lock handed to a lapsed place needs a third client to take it meanwhile), and
+//! a lock handed to a lapsed place needs a third client to take it meanwhile, and three ticks):
+//! `tests/found.rs` walks such a trace, which breaks "one holder" with it.
 //! `mutation-unrenewed-place` is unreachable since the lean redesign (the only attempt that does
-//! not queue is a waiter's last, after which it gives up); both are kept for larger runs.
+//! not queue is a waiter's last, after which it gives up); it is kept for larger runs.
 //!
 //! # Found in the real design
 //!
-//! `tests/found.rs` replays a lost wake-up: `Calls::acquire_plain` marks with a plain
+//! `tests/found.rs` walks the traces of two defects: issue 32's stale hand-off (found by the
+//! campaign, before this model) and a lost wake-up this model found: `Calls::acquire_plain` marks with a plain
 //! `SET waiting 1 PX <mark>`, which *shortens* a longer mark, unlike `mark_waiting` in the
 //! scripts; a short waiter's mark then lapses before a long waiter's pause ends, and the release
 //! tells nobody (the long waiter wakes at its backoff poll instead).

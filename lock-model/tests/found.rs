@@ -1,6 +1,7 @@
-//! What the model found in the real design, replayed step by step: each test walks the trace
-//! that broke a property, and checks that it holds now that `lock-runtime` is fixed (each fix
-//! with its real-server test); the defect's mutation feature makes it fail again.
+//! Defects replayed step by step: what the model found in the real design, and a defect the CI
+//! sizes do not reach. Each test walks the trace that broke a property, and checks that it holds
+//! now that `lock-runtime` is fixed (each fix with its real-server test); the defect's mutation
+//! feature makes it fail again (`.ci/run` checks that it does).
 
 use lock_model::{Action, Config, Protocol, State};
 use stateright::Model;
@@ -86,5 +87,79 @@ fn a_short_waiters_mark_no_longer_shortens_the_flag_of_a_long_one() {
     assert!(
         holds(&model, &state, "no lost wake-up"),
         "B asleep past a free lock with no wake-up coming: {state:?}"
+    );
+}
+
+/// Issue 32's defect 1, a stale hand-off taken as a grant: a release hands the key to B's place
+/// (ticket 1) while B, paused, does not read the message; the handed key expires, C takes the
+/// lock, and B, refused, queues again (ticket 2). B then reads the late message naming ticket 1.
+/// `handed_to_us` takes a hand-off only when it names the place B's last answer renewed (ticket
+/// 2 here): B keeps waiting, and C is the one holder. The CI sizes do not reach this (it takes
+/// three clients and three ticks); with the feature `mutation-stale-handoff` (any ticket taken)
+/// B believes it holds while C does, and this fails.
+#[test]
+fn a_late_hand_off_to_a_lapsed_place_is_not_a_grant() {
+    let model = Protocol(Config {
+        clients: 3,
+        max_time: 3,
+        ttl: 3,
+        lease: 2,
+        fair: false,
+        fencing: false,
+        last_waits: None,
+        lose_answers: false,
+        lose_messages: false,
+    });
+    use Action::*;
+    let trace = [
+        // A (0) takes the lock until 3.
+        Attempt(0),
+        Run(0),
+        Deliver(0),
+        // B (1) is refused (SET NX PX GET, then the flag and PTTL) and pauses.
+        Attempt(1),
+        Run(1),
+        Deliver(0),
+        Run(1),
+        Deliver(0),
+        Tick,
+        // Refused once, B starves: FAIR_ACQUIRE gives it place 1, leased until 3.
+        Attempt(1),
+        Run(1),
+        Deliver(0),
+        // A's release hands the key to place 1 until 3: a message to B naming ticket 1, unread.
+        Release(0),
+        Run(0),
+        Tick,
+        Tick,
+        // The handed key and place 1 expire; C (2) takes the lock until 6.
+        Attempt(2),
+        Run(2),
+        Deliver(0),
+        // B asks again: refused, place 2 (leased until 5).
+        Attempt(1),
+        Run(1),
+        Deliver(0),
+        // B reads the late hand-off naming place 1.
+        Read {
+            index: 0,
+            twice: false,
+        },
+    ];
+    let state = replay(&model, &trace);
+    assert_eq!(
+        state.server.lock.map(|(holder, _)| holder),
+        Some(2),
+        "C holds the key: {state:?}"
+    );
+    assert_eq!(
+        state.server.line.first().map(|p| p.ticket),
+        Some(2),
+        "B's place is ticket 2: {state:?}"
+    );
+    assert!(
+        holds(&model, &state, "one holder") && holds(&model, &state, "holder holds"),
+        "the late hand-off to place 1 was taken as a grant: two holders after {trace:?}, in \
+         {state:?}"
     );
 }
