@@ -64,20 +64,31 @@ pub(crate) trait WaitStrategy: Send {
     /// Called right before each attempt.
     fn before_attempt(&mut self);
 
-    /// Waits until the next attempt is worth making, but never past `until`. `pttl` is the
-    /// holder's remaining time to live, when the server said; `ticket` a fair waiter's place in
-    /// the queue (releases handed to other waiters are not worth waking for); `token` the
-    /// waiter's; `queues` whether a default lock's waiter takes a place in the queue when it
-    /// starves (not while an attempt's outcome is unknown: then it listens to every release).
-    /// Answers what the release that woke it said, when it handed the lock to `ticket`.
+    /// Waits until the next attempt is worth making, but never past `until`. `held` is what the
+    /// refusal said; `token` the waiter's; `queues` whether a default lock's waiter takes a place
+    /// in the queue when it starves (not while an attempt's outcome is unknown: then it listens
+    /// to every release). Answers what the release that woke it said, when it handed the lock to
+    /// `held.ticket`.
     fn pause<'a>(
         &'a mut self,
-        pttl: Option<Duration>,
-        ticket: Option<u64>,
+        held: Held,
         token: &Token,
         queues: bool,
         until: Option<Instant>,
     ) -> BoxFuture<'a, Option<HandOff>>;
+}
+
+/// What a refusal told the waiter (see [`Attempt::Held`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    /// The holder's remaining time to live, when the server said.
+    pub(crate) pttl: Option<Duration>,
+    /// A fair waiter's place in the queue: releases handed to other waiters are not worth
+    /// waking for.
+    pub(crate) ticket: Option<u64>,
+    /// Whether the holder's release will tell the waiter by itself: then the waiter does not
+    /// poll for it at the short interval a release that announces nothing needs.
+    pub(crate) announced: bool,
 }
 
 /// The default strategy: subscribe to the release notifications of every key after the first
@@ -327,8 +338,11 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
 
     fn pause<'b>(
         &'b mut self,
-        pttl: Option<Duration>,
-        ticket: Option<u64>,
+        Held {
+            pttl,
+            ticket,
+            announced,
+        }: Held,
         token: &Token,
         queues: bool,
         until: Option<Instant>,
@@ -337,9 +351,19 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             self.soon.next_delay()
         } else {
             self.soon.reset();
-            self.backoff
-                .next_delay()
-                .min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)))
+            let poll = match (announced, ticket) {
+                // A place in line behind a holder of this library: its release hands the lock
+                // to the head of the line and tells it, so the waiter asks again when its place
+                // needs renewing (`until`), when the holder's key expires, or, a safety net for
+                // a lost message, after the longest pause.
+                (true, Some(_)) => self.backoff.longest_announced(),
+                // Its release publishes to the waiters that marked the lock: the backoff is a
+                // safety net, and grows longer.
+                (true, None) => self.backoff.next_announced_delay(),
+                // A release that announces nothing is noticed only by asking.
+                (false, _) => self.backoff.next_delay(),
+            };
+            poll.min(pttl.map_or(Duration::MAX, |p| p + Duration::from_millis(1)))
         };
         let now = Instant::now();
         let wake_at = cap(now, nap, until);
@@ -404,9 +428,12 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                     }
                     Some(confirmation) = w.pending.next(), if confirming => confirmation,
                 };
-                if w.confirmed(backend, names, confirmation) && look_again {
-                    // From now on no release can be missed: look again, since one may have
-                    // happened before.
+                // From now on no release can be missed: look again, since one may have
+                // happened before; unless the pause ends soon anyway (a waiter's first pause
+                // ends at its threshold for queueing), which then bounds what a release missed
+                // costs, for a request fewer.
+                let ends_soon = wake_at.saturating_duration_since(Instant::now()) <= Herd::STARVING;
+                if w.confirmed(backend, names, confirmation) && look_again && !ends_soon {
                     return None;
                 }
             }
@@ -552,6 +579,7 @@ pub(crate) async fn acquire(
                 index,
                 pttl,
                 ticket,
+                announced,
             }) => {
                 // `unsure` stays set: after a reconnect, an earlier attempt may still land
                 // behind this answer. A release by token is harmless if it never did.
@@ -586,7 +614,12 @@ pub(crate) async fn acquire(
                 }
                 let until = Some(until);
                 let told = tokio::select! {
-                    told = strategy.pause(pttl, ticket, &token, will_queue, until) => told,
+                    told = strategy.pause(
+                        Held { pttl, ticket, announced },
+                        &token,
+                        will_queue,
+                        until,
+                    ) => told,
                     () = caller_gone.raised() => {
                         return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                     }

@@ -455,9 +455,10 @@
 //! - Other libraries on the same key: an exclusive lock's key (fenced or not, on Redis) is a plain
 //!   string holding the holder's token, taken with `SET NX PX` and released by compare-and-delete,
 //!   so redis-py's `Lock` and node-redlock on the key [`layout::redis_key`] names exclude it and
-//!   are excluded by it, and cannot release it. Their releases announce nothing: a waiter notices
-//!   one at its next attempt, at most `2 x retry_delay x (1 + retry_jitter)` (300 ms by default,
-//!   see [`LockConfig::retry_delay`]) and one request later.
+//!   are excluded by it, and cannot release it. Their releases announce nothing: a waiter, which
+//!   tells their holder from ours by the key's value, notices one at its next attempt, at most
+//!   `2 x retry_delay x (1 + retry_jitter)` (300 ms by default, see
+//!   [`LockConfig::retry_delay`]) and one request later.
 //! - etcd: linearizable. Grants, renewals and releases are committed by a majority of members
 //!   (raft), so no failover, restart or partition of a minority, the leader included, can hand a
 //!   held lock to a second client; the fencing token is the key's create revision, strictly

@@ -165,6 +165,16 @@ pub(crate) fn parse(record: &[u8]) -> Option<Owner> {
     })
 }
 
+/// Whether a holder value is one of this library's: the secret's 32 hex digits, then a record
+/// (`scripts::ANNOUNCED` reads it the same way on the server).
+pub(crate) fn is_ours(value: &[u8]) -> bool {
+    let start = crate::backend::TOKEN_SECRET_LEN;
+    value.get(start..start + RECORD_START.len()) == Some(RECORD_START.as_bytes())
+}
+
+/// How a record starts: the separator, the version tag, the separator.
+const RECORD_START: &str = "\u{1f}o1\u{1f}";
+
 /// The owner recorded in a whole holder value (the secret's 32 hex digits, then the record).
 #[cfg(any(feature = "etcd", test))]
 pub(crate) fn of_value(value: &[u8]) -> Option<Owner> {
@@ -174,6 +184,23 @@ pub(crate) fn of_value(value: &[u8]) -> Option<Owner> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_of_ours_is_told_from_another_librarys() {
+        assert_eq!(RECORD_START, format!("{SEP}{VERSION}{SEP}"));
+        let identity = Identity::new(Some("billing-7"));
+        let ours = identity.value(&"0123456789abcdef".repeat(2), SystemTime::now());
+        assert!(is_ours(ours.as_bytes()));
+        // redis-py's and node-redlock's values: 32 hex digits, nothing after.
+        assert!(!is_ours("0123456789abcdef".repeat(2).as_bytes()));
+        assert!(!is_ours(b""));
+        assert!(!is_ours(&ours.as_bytes()[1..]), "one digit short");
+        // The scripts read the same bytes, as Lua decimal escapes.
+        assert!(
+            crate::backend::scripts::ANNOUNCED
+                .contains(r"string.sub(holder, 33, 36) == '\031o1\031'")
+        );
+    }
 
     #[test]
     fn a_record_reads_back_as_its_owner() {

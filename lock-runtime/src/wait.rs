@@ -207,10 +207,12 @@ impl Drop for WakeHandle {
     }
 }
 
-/// Delays between attempts while waiting: doubling from `retry_delay`, each jittered, and never
-/// longer than [`longest`](Self::longest) (300 ms by default): a waiter notices within that a
-/// release that announced nothing (another library's lock on the same key, whose release
-/// publishes nothing, or a key deleted by hand).
+/// Delays between attempts while waiting: doubling from `retry_delay`, each jittered. Behind a
+/// holder whose release announces nothing (another library's lock on the same key, or a key
+/// deleted by hand), never longer than [`longest`](Self::longest) (300 ms by default): the
+/// waiter notices such a release within that. Behind a holder whose release tells the waiter
+/// ([`next_announced_delay`](Self::next_announced_delay)), the delays are a safety net for a
+/// lost message and grow to [`longest_announced`](Self::longest_announced) (1.2 s by default).
 #[derive(Debug)]
 pub(crate) struct Backoff {
     base: Duration,
@@ -220,6 +222,10 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
+    /// How many times the delay doubles behind a holder whose release is announced: up to
+    /// 8 x `retry_delay`, jittered.
+    const ANNOUNCED_DOUBLINGS: u32 = 3;
+
     pub(crate) fn new(settings: &Settings) -> Self {
         Backoff {
             base: settings.retry_delay,
@@ -232,18 +238,42 @@ impl Backoff {
     /// The longest pause between two attempts: `2 x retry_delay x (1 + retry_jitter)`, the
     /// longest jittered second delay.
     fn longest(settings: &Settings) -> Duration {
-        let nominal = settings.retry_delay.saturating_mul(2);
-        Duration::try_from_secs_f64(nominal.as_secs_f64() * (1.0 + settings.retry_jitter))
-            .unwrap_or(nominal)
+        Self::jittered(
+            settings.retry_delay.saturating_mul(2),
+            1.0 + settings.retry_jitter,
+        )
     }
 
+    /// The longest pause behind a holder whose release is announced:
+    /// `8 x retry_delay x (1 + retry_jitter)`.
+    pub(crate) fn longest_announced(&self) -> Duration {
+        Self::jittered(
+            self.base.saturating_mul(1 << Self::ANNOUNCED_DOUBLINGS),
+            1.0 + self.jitter,
+        )
+    }
+
+    /// The next pause behind a holder whose release announces nothing, or after a failure.
     pub(crate) fn next_delay(&mut self) -> Duration {
-        let nominal = self.base.saturating_mul(1 << self.step.min(2));
+        self.next(2).min(self.longest)
+    }
+
+    /// The next pause behind a holder whose release will tell the waiter.
+    pub(crate) fn next_announced_delay(&mut self) -> Duration {
+        self.next(Self::ANNOUNCED_DOUBLINGS)
+    }
+
+    fn next(&mut self, doublings: u32) -> Duration {
+        let nominal = self.base.saturating_mul(1 << self.step.min(doublings));
         self.step = self.step.saturating_add(1);
-        let factor = 1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64();
-        Duration::try_from_secs_f64(nominal.as_secs_f64() * factor)
-            .unwrap_or(nominal)
-            .min(self.longest)
+        Self::jittered(
+            nominal,
+            1.0 - self.jitter + 2.0 * self.jitter * fastrand::f64(),
+        )
+    }
+
+    fn jittered(nominal: Duration, factor: f64) -> Duration {
+        Duration::try_from_secs_f64(nominal.as_secs_f64() * factor).unwrap_or(nominal)
     }
 }
 
@@ -262,6 +292,22 @@ mod tests {
             let longest = (nominal * 3 / 2).min(Duration::from_millis(300));
             assert!(*d >= nominal / 2 && *d <= longest, "{i}: {d:?}");
         }
+    }
+
+    #[test]
+    fn behind_an_announced_release_the_backoff_grows_to_eight_retry_delays() {
+        let settings = Settings::with_retry_delay(Duration::from_millis(100));
+        let mut backoff = Backoff::new(&settings);
+        assert_eq!(backoff.longest_announced(), Duration::from_millis(1200));
+        let delays: Vec<Duration> = (0..20).map(|_| backoff.next_announced_delay()).collect();
+        for (i, d) in delays.iter().enumerate() {
+            let nominal = Duration::from_millis(100) * (1 << i.min(3));
+            assert!(*d >= nominal / 2 && *d <= nominal * 3 / 2, "{i}: {d:?}");
+        }
+        assert!(
+            delays.iter().any(|d| *d > Backoff::longest(&settings)),
+            "never past the unannounced bound: {delays:?}"
+        );
     }
 
     #[tokio::test]

@@ -42,6 +42,7 @@ pub use harness::levers::{
     callers_connections, eventually, key_exists, pause_writes, ping_error_code, wait_key_gone,
     warm_up,
 };
+pub use harness::monitor::{Monitor, Sent};
 pub use harness::proxy::FaultProxy;
 pub use harness::sentinel::{SentinelOptions, SentinelSet};
 pub use harness::server::{RedisMasters, RedisServer, ServerOptions, Stats};

@@ -353,10 +353,12 @@ impl Node for ClusterNode {
                         index,
                         pttl,
                         ticket,
+                        announced,
                     }) => Ok(Attempt::Held {
                         index: members.get(index).copied().unwrap_or(0),
                         pttl,
                         ticket,
+                        announced,
                     }),
                     Ok(mismatch @ Attempt::Mismatch { .. }) => Ok(mismatch),
                     Err(failure) => Err(self.at_slot(*slot, failure)),

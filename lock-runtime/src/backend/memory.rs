@@ -323,6 +323,7 @@ fn exclusive(
                     index,
                     pttl: Some(last.saturating_duration_since(now)),
                     ticket: None,
+                    announced: true,
                 };
             }
         }
@@ -333,6 +334,7 @@ fn exclusive(
                     index,
                     pttl: Some(entry.expires - now),
                     ticket: None,
+                    announced: true,
                 };
             }
             None => ours.push(false),
@@ -433,6 +435,7 @@ fn fair(state: &mut State, name: &Arc<str>, token: &Token, ask: Ask, now: Instan
         index: 0,
         pttl: Some(pttl),
         ticket,
+        announced: true,
     }
 }
 
@@ -476,6 +479,7 @@ fn shared(
             index: 0,
             pttl: Some(entry.expires.saturating_duration_since(now)),
             ticket: None,
+            announced: true,
         };
     }
     let mut ours = false;
@@ -501,6 +505,7 @@ fn shared(
                 index: 0,
                 pttl,
                 ticket: None,
+                announced: true,
             };
         }
     }

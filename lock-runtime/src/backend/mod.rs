@@ -356,10 +356,16 @@ pub(crate) enum Attempt {
     /// waiter wakes only that one (`None`: every release wakes this waiter). A ticket also says
     /// that the waiter left something on the server that a release removes if it gives up (its
     /// place in line; on etcd also a semaphore waiter's place or a waiting writer's marks).
+    /// `announced`: the holder's release will tell this waiter by itself (a holder of this
+    /// library on Redis, whose release publishes to the waiters that marked the lock; etcd's
+    /// watch and the memory backend see every release). A release that announces nothing
+    /// (another library's lock on the same key, a key deleted by hand) is noticed only by
+    /// asking again, so a waiter polls at a short interval unless its answer says `announced`.
     Held {
         index: usize,
         pttl: Option<Duration>,
         ticket: Option<u64>,
+        announced: bool,
     },
     /// The lock is used in another mode by its other callers (say `permits = 3` against
     /// `permits = 5`): never granted, reported as a `Config` error naming `field`.

@@ -209,13 +209,15 @@ end
 /// so a counter that is not a number fails the call before the lock is written (a refusal then
 /// leaves a gap in the counter, nothing else).
 /// Returns `{1, fence}` when granted (also to the same token again, refreshing the TTL: a resent
-/// attempt whose reply was lost), `{0, 1, pttl}` when someone else holds it, and `{3}` when the
-/// key is not a string (a shared lock or semaphore): then [`ACQUIRE`] answers.
+/// attempt whose reply was lost), `{0, 1, pttl, announced}` when someone else holds it (see
+/// [`ANNOUNCED`]), and `{3}` when the key is not a string (a shared lock or semaphore): then
+/// [`ACQUIRE`] answers.
 pub(crate) static ACQUIRE_ONE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\n",
         FENCE,
         MARK_WAITING,
+        ANNOUNCED,
         r"
 local K, F, W, token, ttl = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 local f = 0
@@ -226,7 +228,7 @@ if holder == token then
   redis.call('PEXPIRE', K, ttl)
 elseif holder then
   if ARGV[4] ~= '0' then mark_waiting(W, ARGV[4]) end
-  return {0, 1, redis.call('PTTL', K)}
+  return {0, 1, redis.call('PTTL', K), announced(holder)}
 end
 if ARGV[3] == '1' then f = floor_fence(F, f) end
 return {1, f}
@@ -313,6 +315,17 @@ local function drop_writer_mark(K, token)
 end
 ";
 
+/// Lua that defines `announced(holder)`: 1 when the holder's value is one of this library's
+/// (its 32-digit secret, then the owner record's start, `US "o1" US`: see `owner.rs`), whose
+/// release tells the waiters that marked the lock; 0 for another library's value, whose release
+/// announces nothing (see `Attempt::Held`).
+pub(crate) const ANNOUNCED: &str = r"
+local function announced(holder)
+  if string.sub(holder, 33, 36) == '\031o1\031' then return 1 end
+  return 0
+end
+";
+
 /// Lua that defines `mark_waiting(w, ms)`: the lock's waiting flag `w` (see
 /// [`EXCLUSIVE_RELEASE`]) lives at least `ms` more milliseconds.
 const MARK_WAITING: &str = r"
@@ -333,8 +346,9 @@ end
 /// empty), or when a release already handed it to the caller. Otherwise a waiting caller joins
 /// the queue (its ticket is its arrival time on the server, in microseconds) or renews its entry's
 /// lease to `lease_ms`; an entry whose lease runs out leaves the queue.
-/// Returns `{1, fence}` when granted, `{0, 1, pttl, ticket}` when not (ticket 0: not queued),
-/// `{2, 1, n}` when the key holds a shared lock (`n` 0) or a semaphore of `n` permits.
+/// Returns `{1, fence}` when granted, `{0, 1, pttl, ticket, announced}` when not (ticket 0: not
+/// queued; `announced`: see [`ANNOUNCED`], 1 when the key is free and waits for the head of the
+/// line), `{2, 1, n}` when the key holds a shared lock (`n` 0) or a semaphore of `n` permits.
 pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "#!lua\nlocal K, F, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]\n",
@@ -343,6 +357,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         PERMITS_OF,
         PURGE_QUEUE,
         MARK_WAITING,
+        ANNOUNCED,
         r"
 local token, ttl, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local holder = redis.pcall('GET', K)
@@ -372,13 +387,13 @@ if ARGV[4] == '1' then
   end
   mark_waiting(W, lease)
 end
-local pttl
+local pttl, told = 0, 1
 if holder then
-  pttl = redis.call('PTTL', K)
+  pttl, told = redis.call('PTTL', K), announced(holder)
 else
   pttl = math.max(tonumber(redis.call('ZSCORE', E, head) or now) - now, 0)
 end
-return {0, 1, pttl, tonumber(ticket or 0)}
+return {0, 1, pttl, tonumber(ticket or 0), told}
 ",
     ])
 });

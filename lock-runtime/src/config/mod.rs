@@ -265,11 +265,15 @@ impl LockConfig {
 
     /// Base delay between attempts while waiting when no release notification arrives
     /// (default 100ms), doubling with every attempt (each jittered, see
-    /// [`retry_jitter`](Self::retry_jitter)) up to at most `2 x retry_delay x (1 + retry_jitter)`
-    /// between two attempts (300 ms by default). A waiter never sleeps past the holder's remaining
-    /// TTL, and notices a release that announces nothing (by another library on the same key,
-    /// such as redis-py's `Lock` or node-redlock, or a key deleted by hand) within that longest
-    /// pause plus one request.
+    /// [`retry_jitter`](Self::retry_jitter)). A waiter never sleeps past the holder's remaining
+    /// TTL. Behind a holder whose release announces nothing (another library on the same key,
+    /// such as redis-py's `Lock` or node-redlock, which the refusal tells by the holder's
+    /// value), the pauses stop at `2 x retry_delay x (1 + retry_jitter)` (300 ms by default):
+    /// the waiter notices that release within that pause plus one request. Behind a holder of
+    /// this library, whose release wakes its waiters, they are only a safety net for a lost
+    /// message: they grow to `8 x retry_delay x (1 + retry_jitter)` (1.2 s), and a waiter with a
+    /// place in the lock's queue asks only to renew it (once a second by default). A key deleted
+    /// by hand under such a holder is noticed within those pauses.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.settings.retry_delay = delay;
         self

@@ -6,6 +6,7 @@ pub(crate) mod etcd;
 pub(crate) mod foreign;
 pub(crate) mod keyspace;
 pub(crate) mod levers;
+pub(crate) mod monitor;
 pub(crate) mod proxy;
 pub(crate) mod sentinel;
 pub(crate) mod server;

@@ -182,6 +182,7 @@ impl Inner {
                 index,
                 pttl: Some(Duration::ZERO),
                 ticket: None,
+                announced: true,
             })),
         }
     }
@@ -215,6 +216,7 @@ impl Inner {
             pttl: None,
             // A release takes a waiting writer's marks away when it gives up.
             ticket: marked.then(|| u64::try_from(revision).unwrap_or(1).max(1)),
+            announced: true,
         };
         Ok(if marked {
             Answer::Waiting {
@@ -244,6 +246,7 @@ impl Inner {
             index: 0,
             pttl: None,
             ticket: ticket.map(|t| u64::try_from(t).unwrap_or(1).max(1)),
+            announced: true,
         };
         Ok(match outcome {
             kinds::Outcome::Granted(revision) => Answer::Granted(revision),

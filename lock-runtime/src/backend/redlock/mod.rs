@@ -271,6 +271,7 @@ impl Quorum {
                         index,
                         pttl,
                         ticket,
+                        announced,
                     }),
                 ))) => {
                     let copy = GateCopy::of(asked, pttl);
@@ -289,6 +290,7 @@ impl Quorum {
                             index,
                             pttl,
                             ticket,
+                            announced,
                         });
                     }
                     // Checked with the others: they decide, and the waiter's place in line
@@ -300,6 +302,7 @@ impl Quorum {
                             index,
                             pttl,
                             ticket,
+                            announced,
                         }),
                     ));
                     others_ask = Ask {
@@ -327,6 +330,9 @@ impl Quorum {
         // Per key, the largest token of the granting nodes.
         let mut fences = vec![0u64; if fencing { names.len() } else { 0 }];
         let mut held: Option<(usize, Option<Duration>)> = None;
+        // Whether every node that refused it said its holder announces its release: a foreign
+        // Redlock (node-redlock, say) on one of them announces nothing there.
+        let mut announced = true;
         let mut mismatch = None;
         let mut failures = Vec::new();
         // A fair waiter's place in the gate's line: the one whose hand-off wakes it.
@@ -362,7 +368,9 @@ impl Quorum {
                     index,
                     pttl,
                     ticket,
+                    announced: told,
                 }) => {
+                    announced &= told;
                     if node == gate {
                         gate_ticket = ticket;
                         if let Some(asked) = asked {
@@ -434,6 +442,7 @@ impl Quorum {
                 index,
                 pttl: Some(Duration::ZERO),
                 ticket,
+                announced,
             })
         } else {
             self.memory.mark_contended(&names[0]);
@@ -445,6 +454,7 @@ impl Quorum {
                 index,
                 pttl,
                 ticket,
+                announced,
             })
         }
     }

@@ -376,7 +376,9 @@ impl Calls {
                 self.granted(conn, names, token, mode, fencing, fences, acks)
                     .await
             }
-            [0, index, pttl, rest @ ..] if rest.len() <= 1 => Ok(Attempt::Held {
+            // `FAIR_ACQUIRE` adds the ticket and whether the holder announces its release;
+            // `ACQUIRE` does not tell (a multi-key lock or a writer's: its waiter polls).
+            [0, index, pttl, rest @ ..] if rest.len() <= 2 => Ok(Attempt::Held {
                 index: usize::try_from(*index - 1).unwrap_or(0),
                 // -1: the key has no expiry (set by someone else without one); wait by backoff.
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
@@ -384,6 +386,7 @@ impl Calls {
                     .first()
                     .and_then(|t| u64::try_from(*t).ok())
                     .filter(|t| *t > 0),
+                announced: rest.get(1) == Some(&1),
             }),
             [2, ..] if queues => {
                 // The key is a shared lock or a semaphore, which has no queue: a writer waits
@@ -486,11 +489,12 @@ impl Calls {
                 )
                 .await
             }
-            [0, 1, pttl] => Ok(Attempt::Held {
+            [0, 1, pttl, announced] => Ok(Attempt::Held {
                 index: 0,
                 // -1: the key has no expiry (set by someone else without one); wait by backoff.
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 ticket: None,
+                announced: *announced == 1,
             }),
             [3] => return None,
             _ => Err(NodeFailure::response(
@@ -546,20 +550,21 @@ impl Calls {
             Err(failure) if failure.kind == FailureKind::Response => return None,
             Err(failure) => return Some(Err(failure)),
         };
-        match reply {
+        let announced = match reply {
             Value::Nil => return Some(Ok(Attempt::Acquired { fences: Vec::new() })),
             Value::BulkString(holder) if holder.as_slice() == token.as_str().as_bytes() => {
                 return None;
             }
-            Value::BulkString(_) => {}
+            Value::BulkString(holder) => crate::owner::is_ours(&holder),
             _ => return unexpected(),
-        }
+        };
         if !ask.queue {
             // It does not wait: nothing to mark, and no wait to bound.
             return Some(Ok(Attempt::Held {
                 index: 0,
                 pttl: None,
                 ticket: None,
+                announced,
             }));
         }
         let waiting = keys.arg(KeyKind::Waiting);
@@ -596,6 +601,7 @@ impl Calls {
                 pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
             },
             ticket: None,
+            announced,
         }))
     }
 
