@@ -213,7 +213,12 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
             let _context = this.runtime.enter();
             ready!(Pin::new(work).poll(cx))
         };
-        self.work = None;
+        if let Some(Routed {
+            route: Some(route), ..
+        }) = self.work.take()
+        {
+            Route::recycle(route);
+        }
         Poll::Ready(out)
     }
 }
