@@ -78,10 +78,37 @@ where
     T: Send + 'static,
 {
     let gone = Arc::new(Signal::default());
+    let told = Arc::clone(&gone);
+    hop(runtime, Some(gone), move || work(told)).await
+}
+
+/// [`run`] for work that need not be told when its caller stops waiting (a release): no signal
+/// is made for it.
+pub(crate) async fn run_untold<T, F>(
+    runtime: &Handle,
+    work: impl FnOnce() -> F,
+) -> Result<T, LockError>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    hop(runtime, None, work).await
+}
+
+/// [`run`] and [`run_untold`]: `gone`, if any, is raised when the caller stops waiting.
+async fn hop<T, F>(
+    runtime: &Handle,
+    gone: Option<Arc<Signal>>,
+    work: impl FnOnce() -> F,
+) -> Result<T, LockError>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
     if !(on(runtime) || is_library(runtime)) {
         // A runtime the caller gave us, seen from outside: it may have shut down, and then its
         // timers would panic; a task there fails cleanly instead.
-        let work = work(Arc::clone(&gone));
+        let work = work();
         let (tx, rx) = tokio::sync::oneshot::channel();
         LEFT_BEHIND.spawn_on(
             async move {
@@ -102,7 +129,7 @@ where
     };
     let work = {
         let _context = runtime.enter();
-        work(Arc::clone(&gone))
+        work()
     };
     Ok(InPlace {
         work: Some(Routed {
@@ -160,15 +187,17 @@ fn stopped() -> LockError {
 struct InPlace<F: Future<Output: Send> + Send + 'static> {
     work: Option<Routed<Pin<Box<F>>>>,
     runtime: Handle,
-    gone: Arc<Signal>,
+    gone: Option<Arc<Signal>>,
 }
 
-/// Raises its signal when dropped: the caller stopped waiting.
-struct RaiseOnDrop(Arc<Signal>);
+/// Raises its signal, if any, when dropped: the caller stopped waiting.
+struct RaiseOnDrop(Option<Arc<Signal>>);
 
 impl Drop for RaiseOnDrop {
     fn drop(&mut self) {
-        self.0.raise();
+        if let Some(gone) = &self.0 {
+            gone.raise();
+        }
     }
 }
 
@@ -184,7 +213,12 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
             let _context = this.runtime.enter();
             ready!(Pin::new(work).poll(cx))
         };
-        self.work = None;
+        if let Some(Routed {
+            route: Some(route), ..
+        }) = self.work.take()
+        {
+            Route::recycle(route);
+        }
         Poll::Ready(out)
     }
 }
@@ -192,7 +226,9 @@ impl<F: Future<Output: Send> + Send + 'static> Future for InPlace<F> {
 impl<F: Future<Output: Send> + Send + 'static> Drop for InPlace<F> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            self.gone.raise();
+            if let Some(gone) = &self.gone {
+                gone.raise();
+            }
             LEFT_BEHIND.spawn_on(
                 async move {
                     drop(work.await);

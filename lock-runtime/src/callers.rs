@@ -68,6 +68,8 @@ thread_local! {
     static LAST: RefCell<Option<(Id, Option<Caller>)>> = const { RefCell::new(None) };
     /// Set while this thread asks a runtime for its drivers: the panic hook stays silent.
     static PROBING: Cell<bool> = const { Cell::new(false) };
+    /// A route whose call ended here, for this thread's next call (see [`Route::recycle`]).
+    static SPARE: RefCell<Option<Arc<Route>>> = const { RefCell::new(None) };
 }
 
 /// The runtime the calling code runs on, if it can carry requests and is not `host` (the
@@ -199,11 +201,28 @@ pub(crate) struct Route {
 
 impl Route {
     pub(crate) fn new(caller: Caller) -> Arc<Route> {
-        Arc::new(Route {
+        let route = Route {
             caller,
             first: OnceLock::new(),
             others: Mutex::new(Vec::new()),
-        })
+        };
+        let spare = SPARE.try_with(RefCell::take).ok().flatten();
+        if let Some(mut spare) = spare
+            && let Some(reused) = Arc::get_mut(&mut spare)
+        {
+            *reused = route;
+            return spare;
+        }
+        Arc::new(route)
+    }
+
+    /// Gives back the route of a call that ended: when nothing else holds it (a cleanup or a
+    /// node's request still running would), this thread's next call takes it instead of
+    /// allocating one (every async call from a caller's runtime makes a route).
+    pub(crate) fn recycle(route: Arc<Route>) {
+        if Arc::strong_count(&route) == 1 {
+            let _ = SPARE.try_with(|spare| spare.replace(Some(route)));
+        }
     }
 
     pub(crate) fn caller(&self) -> &Caller {

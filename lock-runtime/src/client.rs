@@ -58,7 +58,7 @@ impl LockClient {
     /// What the servers say of the lock `key` (see [`inspect`](crate::inspect)).
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let (engine, key) = (Arc::clone(&self.engine), key.to_owned());
-        bridge::run(&self.engine.runtime, move |_| async move {
+        bridge::run_untold(&self.engine.runtime, move || async move {
             engine.inspect(&key).await
         })
         .await?
@@ -67,7 +67,7 @@ impl LockClient {
     /// Deletes the lock `key` whoever holds it (see [`force_release`](crate::force_release)).
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let (engine, key) = (Arc::clone(&self.engine), key.to_owned());
-        bridge::run(&self.engine.runtime, move |_| async move {
+        bridge::run_untold(&self.engine.runtime, move || async move {
             engine.force_release(&key).await
         })
         .await?

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
@@ -121,7 +121,7 @@ impl Engine {
     /// keys in canonical order: sorted, without duplicates.
     pub(crate) fn request(
         &self,
-        keys: Vec<String>,
+        keys: Keys,
         times: Times,
         name: Option<Arc<str>>,
         mode: Mode,
@@ -135,10 +135,10 @@ impl Engine {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(shut_down());
         }
-        if keys.is_empty() {
+        if keys.as_slice().is_empty() {
             return Err(LockError::config("keys", "must name at least one key"));
         }
-        for key in &keys {
+        for key in keys.as_slice() {
             check_name(key)?;
         }
         let ttl = ttl.unwrap_or(self.settings.default_ttl);
@@ -151,11 +151,16 @@ impl Engine {
         let min_hold = min_hold.filter(|d| !d.is_zero());
         check_min_hold(min_hold, max_hold, mode)?;
         let wait = wait.unwrap_or(self.settings.default_wait);
-        let mut keys = keys;
-        keys.sort_unstable();
-        keys.dedup();
+        let names: Names = match keys {
+            Keys::One(key) => Arc::from([Arc::from(key)]),
+            Keys::Many(mut keys) => {
+                keys.sort_unstable();
+                keys.dedup();
+                keys.into_iter().map(Arc::from).collect()
+            }
+        };
         if mode != Mode::Exclusive {
-            if keys.len() > 1 {
+            if names.len() > 1 {
                 return Err(LockError::config(
                     "keys",
                     format!("a {mode} lock takes one key"),
@@ -165,9 +170,8 @@ impl Engine {
                 .supports(mode)
                 .map_err(|reason| LockError::config(mode.argument(), reason))?;
         }
-        let names: Names = keys.into_iter().map(Arc::from).collect();
         let labels = Labels {
-            lock: name.unwrap_or_else(|| Arc::from("unnamed")),
+            lock: name.unwrap_or_else(|| Arc::clone(&UNNAMED)),
             backend: self.kind,
         };
         let asked_at = Instant::now();
@@ -440,6 +444,30 @@ struct Unregister<'a> {
 impl Drop for Unregister<'_> {
     fn drop(&mut self) {
         self.engine.acquiring().remove(&self.number);
+    }
+}
+
+/// The label of a lock without a name: one for every such call.
+static UNNAMED: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("unnamed"));
+
+/// The keys a lock asks for, as given: a single key needs no list of its own.
+pub(crate) enum Keys {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Keys {
+    fn as_slice(&self) -> &[String] {
+        match self {
+            Keys::One(key) => std::slice::from_ref(key),
+            Keys::Many(keys) => keys,
+        }
+    }
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
     }
 }
 

@@ -50,7 +50,7 @@ pub fn shutdown() {
 pub async fn inspect(key: &str) -> Result<Option<LockInfo>, LockError> {
     let engine = Arc::clone(engine()?);
     let key = key.to_owned();
-    bridge::run(&engine.runtime.clone(), move |_| async move {
+    bridge::run_untold(&engine.runtime.clone(), move || async move {
         engine.inspect(&key).await
     })
     .await?
@@ -63,7 +63,7 @@ pub async fn inspect(key: &str) -> Result<Option<LockInfo>, LockError> {
 pub async fn force_release(key: &str) -> Result<bool, LockError> {
     let engine = Arc::clone(engine()?);
     let key = key.to_owned();
-    bridge::run(&engine.runtime.clone(), move |_| async move {
+    bridge::run_untold(&engine.runtime.clone(), move || async move {
         engine.force_release(&key).await
     })
     .await?

@@ -138,7 +138,7 @@ impl LockGuard {
         }
         let (engine, hold) = (Arc::clone(&self.engine), Arc::clone(&self.hold));
         let span = self.hold.span.clone();
-        bridge::run(&self.engine.runtime, move |_| {
+        bridge::run_untold(&self.engine.runtime, move || {
             async move { engine.release(&hold).await }.instrument(span)
         })
         .await?

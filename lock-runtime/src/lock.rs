@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::backend::Mode;
 use crate::bridge;
-use crate::engine::{AtOnce, Engine, Times};
+use crate::engine::{AtOnce, Engine, Keys, Times};
 use tracing::Instrument as _;
 
 use crate::error::LockError;
@@ -39,7 +39,7 @@ use crate::scope::{self, Held};
 #[must_use = "a Lock does nothing until acquired"]
 pub struct Lock {
     engine: Option<Arc<Engine>>,
-    keys: Vec<String>,
+    keys: Keys,
     ttl: Option<Duration>,
     wait: Option<Duration>,
     max_hold: Option<Duration>,
@@ -74,7 +74,7 @@ impl fmt::Debug for Lock {
 impl Lock {
     /// A lock on `key` through the global client set up by [`init`](crate::init).
     pub fn new(key: impl Into<String>) -> Self {
-        Lock::many([key])
+        Lock::with_keys(Keys::One(key.into()))
     }
 
     /// One lock over several keys through the global client: taken all or nothing, in one
@@ -85,9 +85,13 @@ impl Lock {
         I: IntoIterator,
         I::Item: Into<String>,
     {
+        Lock::with_keys(Keys::Many(keys.into_iter().map(Into::into).collect()))
+    }
+
+    fn with_keys(keys: Keys) -> Self {
         Lock {
             engine: None,
-            keys: keys.into_iter().map(Into::into).collect(),
+            keys,
             ttl: None,
             wait: None,
             max_hold: None,

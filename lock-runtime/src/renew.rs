@@ -109,23 +109,23 @@ impl Renewer {
         if let Some(stop) = hold.max_hold_at() {
             first = first.min(Instant::from_std(stop));
         }
-        let backlog = {
+        let backlog = loop {
             let mut joining = self
                 .shared
                 .joining
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             // Locks released since they joined go here, on the thread that took them, rather
-            // than when the driver next looks (freeing on another thread contends in malloc).
-            let mut gone = Vec::new();
-            while joining.last().is_some_and(|(h, _)| h.is_released()) {
-                gone.extend(joining.pop());
+            // than when the driver next looks (freeing on another thread contends in malloc),
+            // one at a time outside the lock (a list of them would cost an allocation per lock).
+            if joining.last().is_some_and(|(h, _)| h.is_released()) {
+                let gone = joining.pop();
+                drop(joining);
+                drop(gone);
+                continue;
             }
             joining.push((hold, joined));
-            let backlog = joining.len();
-            drop(joining);
-            drop(gone);
-            backlog
+            break joining.len();
         };
         let first = self.shared.ms(first);
         // Read after queueing: the driver publishes its wake-up before it looks at the queue, so

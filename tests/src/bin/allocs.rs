@@ -10,7 +10,10 @@
 //! cargo run --release -p lock-tests --features bench --bin allocs -- [--pairs 2000]
 //! ```
 //!
-//! Without `--url` it starts its own `redis-server`.
+//! Without `--url` it starts its own `redis-server`. To see where a row's allocations come from,
+//! `--row 1 --json dhat-heap.json` profiles that row alone (build with
+//! `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only` for file and line numbers): each site's
+//! count there covers the warm-up pairs too, twice `--pairs` in all.
 
 use std::error::Error;
 use std::time::Duration;
@@ -43,6 +46,13 @@ struct Opts {
     /// Pairs counted per row (after as many again uncounted, to warm up connections and caches).
     #[arg(long, default_value_t = 2000)]
     pairs: usize,
+    /// Only the row numbered so (0: the loop, as printed), for a profile of its sites alone.
+    #[arg(long)]
+    row: Option<usize>,
+    /// Writes dhat's profile (every allocation site, warm-up included) to this file, for
+    /// `dh_view.html`; without it the profile stays in memory.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
 }
 
 /// One way to take and let go of an uncontended lock.
@@ -98,8 +108,11 @@ async fn per_pair(pair: &mut Pair, row: &str, pairs: usize) -> Res<f64> {
 
 fn main() -> Res<()> {
     let opts = Opts::parse();
-    // Heap statistics only, nothing written: `testing` keeps the profile in memory.
-    let _profiler = dhat::Profiler::builder().testing().build();
+    let _profiler = match &opts.json {
+        Some(path) => dhat::Profiler::builder().file_name(path).build(),
+        // Heap statistics only, nothing written: `testing` keeps the profile in memory.
+        None => dhat::Profiler::builder().testing().build(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -143,6 +156,9 @@ fn main() -> Res<()> {
             opts.pairs
         );
         for (i, (row, mut pair)) in rows.into_iter().enumerate() {
+            if opts.row.is_some_and(|only| only != i) {
+                continue;
+            }
             let n = per_pair(&mut pair, &i.to_string(), opts.pairs).await?;
             println!("  {row:<48} {n:>7.1}");
         }

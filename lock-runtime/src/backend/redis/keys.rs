@@ -68,30 +68,43 @@ pub(crate) fn redis_key(prefix: &str, name: &str, kind: KeyKind) -> String {
 
 /// What every key of one lock shares, so that the name is escaped once for all of them:
 /// `prefix{tag}` before the kind's suffix, and `=escaped-name` after it (nothing when the name
-/// is its own tag).
-pub(crate) struct LockKeys {
-    head: String,
-    tail: String,
+/// is its own tag). Borrowed from the prefix and the name: a name with nothing to escape and no
+/// tag of its own (the common case) costs no allocation until a key is made a `String`.
+pub(crate) struct LockKeys<'a> {
+    prefix: &'a str,
+    escaped: Cow<'a, str>,
+    /// The name's own hash tag, if it has one.
+    tag: Option<&'a str>,
 }
 
-impl LockKeys {
-    pub(crate) fn new(prefix: &str, name: &str) -> LockKeys {
-        let escaped = escape(name);
-        match hash_tag(name) {
-            Some(tag) => LockKeys {
-                head: [prefix, "{", tag, "}"].concat(),
-                tail: ["=", &escaped].concat(),
-            },
-            None => LockKeys {
-                head: [prefix, "{", &escaped, "}"].concat(),
-                tail: String::new(),
-            },
+impl<'a> LockKeys<'a> {
+    pub(crate) fn new(prefix: &'a str, name: &'a str) -> LockKeys<'a> {
+        LockKeys {
+            prefix,
+            escaped: escape(name),
+            tag: hash_tag(name),
+        }
+    }
+
+    /// The parts of the key of `kind`, in order.
+    fn parts(&self, kind: KeyKind) -> [&str; 7] {
+        match self.tag {
+            Some(tag) => [
+                self.prefix,
+                "{",
+                tag,
+                "}",
+                kind.suffix(),
+                "=",
+                &self.escaped,
+            ],
+            None => [self.prefix, "{", &self.escaped, "}", kind.suffix(), "", ""],
         }
     }
 
     /// The key (or channel) of `kind`.
     pub(crate) fn of(&self, kind: KeyKind) -> String {
-        [&*self.head, kind.suffix(), &*self.tail].concat()
+        self.parts(kind).concat()
     }
 
     /// The key (or channel) of `kind` as a command argument, written into the command in place
@@ -103,14 +116,18 @@ impl LockKeys {
 
 /// See [`LockKeys::arg`].
 pub(crate) struct KeyArg<'a> {
-    keys: &'a LockKeys,
+    keys: &'a LockKeys<'a>,
     kind: KeyKind,
 }
 
 impl KeyArg<'_> {
     /// Its length in bytes.
     pub(crate) fn len(&self) -> usize {
-        self.keys.head.len() + self.kind.suffix().len() + self.keys.tail.len()
+        self.keys
+            .parts(self.kind)
+            .iter()
+            .map(|part| part.len())
+            .sum()
     }
 }
 
@@ -119,7 +136,7 @@ impl redis::ToRedisArgs for KeyArg<'_> {
         use std::io::Write as _;
         let mut arg = out.writer_for_next_arg();
         // Writes into the command's buffer: they cannot fail.
-        for part in [&*self.keys.head, self.kind.suffix(), &*self.keys.tail] {
+        for part in self.keys.parts(self.kind) {
             let _ = arg.write_all(part.as_bytes());
         }
     }

@@ -114,7 +114,7 @@ impl Calls {
         }
     }
 
-    fn lock_keys(&self, name: &str) -> LockKeys {
+    fn lock_keys<'a>(&'a self, name: &'a str) -> LockKeys<'a> {
         LockKeys::new(&self.prefix, name)
     }
 
@@ -626,7 +626,7 @@ impl Calls {
         }
         let call = match (mode, names) {
             (Mode::Exclusive, _) if names.len() > 1 => {
-                let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+                let keys: Vec<LockKeys<'_>> = names.iter().map(|n| self.lock_keys(n)).collect();
                 let mut call = ScriptCall::new(&scripts::RELEASE, keys.len());
                 call.locks(&keys).arg(token.as_str()).arg(self.publish);
                 for k in &keys {
@@ -667,7 +667,7 @@ impl Calls {
     /// "2" the wake-up after a native release), which the fair script does not take.
     fn queued_release(
         &self,
-        keys: &LockKeys,
+        keys: &LockKeys<'_>,
         token: &Token,
         fair: bool,
         wake: &'static str,
@@ -701,7 +701,7 @@ impl Calls {
         token: &Token,
         left: Duration,
     ) -> Result<bool, NodeFailure> {
-        let keys: Vec<LockKeys> = names.iter().map(|n| self.lock_keys(n)).collect();
+        let keys: Vec<LockKeys<'_>> = names.iter().map(|n| self.lock_keys(n)).collect();
         let mut call = ScriptCall::new(&scripts::EXTEND, keys.len());
         call.locks(&keys).arg(token.as_str()).arg(millis_up(left));
         let kept = self.let_go(conn, "release for min_hold", &call).await?;
@@ -752,7 +752,7 @@ impl ScriptCall {
     }
 
     /// The lock key of each of `keys`.
-    fn locks(&mut self, keys: &[LockKeys]) -> &mut Self {
+    fn locks(&mut self, keys: &[LockKeys<'_>]) -> &mut Self {
         for k in keys {
             self.arg(k.arg(KeyKind::Lock));
         }
@@ -760,7 +760,7 @@ impl ScriptCall {
     }
 
     /// The release channel of `keys` with `wake`, else an empty one (the release wakes nobody).
-    fn channel(&mut self, keys: &LockKeys, wake: bool) -> &mut Self {
+    fn channel(&mut self, keys: &LockKeys<'_>, wake: bool) -> &mut Self {
         if wake {
             self.arg(keys.arg(KeyKind::Released))
         } else {
