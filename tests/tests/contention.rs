@@ -14,21 +14,12 @@ use lock_tests::{
     unique_key, wait_until_async, warm_up,
 };
 
-/// A waiter behind a holder of this library, whose release hands the lock on and tells it,
-/// does not poll: once it has its place in the lock's queue (from its 10 ms threshold) it asks
-/// only to renew it, every third of its 3 s lease. A 3 s wait costs its attempt at the threshold,
-/// one a second, its last, and leaving the queue: 5 script calls (behind a holder whose release
-/// announces nothing, it asks every 300 ms at most: about 14).
-#[tokio::test]
-async fn waiting_is_not_a_polling_storm() {
-    let server = RedisServer::start();
-    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
-    let key = unique_key("contention:storm");
-    let held = client.lock(&key).acquire().await.unwrap();
-    // The server loads the queue's scripts (a first call finds them missing and is sent again):
-    // a waiter that queues and gives up.
-    match client
-        .lock(&key)
+/// Makes the server load the queue's scripts, which a first call finds missing and sends again
+/// (and several waiters queueing at once would each load): a waiter of the held lock `key` that
+/// queues and gives up.
+async fn load_queue_scripts(locks: &LockClient, key: &str) {
+    match locks
+        .lock(key)
         .wait(Duration::from_millis(50))
         .acquire()
         .await
@@ -36,6 +27,21 @@ async fn waiting_is_not_a_polling_storm() {
         Err(LockError::Contended { .. }) => {}
         other => panic!("held, yet {other:?}"),
     }
+}
+
+/// A waiter behind a holder of this library, whose release hands the lock on and tells it,
+/// does not poll: once it has its place in the lock's queue (from its 10 ms threshold) it asks
+/// only to renew it, every third of its 3 s lease. A 3 s wait costs its attempt at the threshold,
+/// one when its own channel's subscription is confirmed, one a second, its last, and leaving the
+/// queue: 6 script calls (behind a holder whose release announces nothing, it asks every 300 ms
+/// at most: about 14).
+#[tokio::test]
+async fn waiting_is_not_a_polling_storm() {
+    let server = RedisServer::start();
+    let client = LockClient::new(LockConfig::single(server.url())).unwrap();
+    let key = unique_key("contention:storm");
+    let held = client.lock(&key).acquire().await.unwrap();
+    load_queue_scripts(&client, &key).await;
     let before = server.command_calls("evalsha");
     let wait = Duration::from_secs(3);
     match client.lock(&key).wait(wait).acquire().await {
@@ -118,17 +124,7 @@ async fn eight_waiters_behind_one_holder_for_a_while_ask_few_times() {
         warm_up(waiter).await;
     }
     let held = holder.lock(&key).acquire().await.unwrap();
-    // The server loads the queue's scripts once (the first waiter to queue would load them
-    // while the others found them missing): a waiter that queues and gives up.
-    match holder
-        .lock(&key)
-        .wait(Duration::from_millis(50))
-        .acquire()
-        .await
-    {
-        Err(LockError::Contended { .. }) => {}
-        other => panic!("held, yet {other:?}"),
-    }
+    load_queue_scripts(&holder, &key).await;
     let monitor = Monitor::start(&server);
     let started = Instant::now();
     let mut waiting = tokio::task::JoinSet::new();
