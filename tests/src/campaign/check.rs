@@ -25,7 +25,10 @@
 //! hold it overlapped began during the pause. A waiter paused across a release excuses nothing:
 //! whatever it is granted after it resumes must be its own. A server clock step is such a fault
 //! only on enough servers to make a quorum ([`Bounds::quorum`]): a step ahead expires held keys
-//! early, and so does the return of a step back for the keys set meanwhile.
+//! early, and so does the return of a step back for the keys set meanwhile. On Redlock a step on
+//! one node is one too when the grant it struck can have rested on a bare quorum that included
+//! the node ([`bare_quorum`]): faults kept the other nodes out of it, or a contender held them
+//! (a split vote).
 //!
 //! A token that does not grow is a documented limit only when the granting servers' clock went
 //! back (tokens are raised to the server clock, and grow across a lost counter only as long as
@@ -220,14 +223,24 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
         .filter(|op| op.outcome == Outcome::Acquired)
         .collect();
     let mut keys: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
-    for op in &granted {
+    // Every call on each key, whatever its outcome: the contenders of a grant.
+    let mut calls: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops {
         for key in &op.keys {
-            keys.entry(key.as_str()).or_default().push(op);
+            calls.entry(key.as_str()).or_default().push(op);
+            if op.outcome == Outcome::Acquired {
+                keys.entry(key.as_str()).or_default().push(op);
+            }
         }
     }
     for (key, holds) in &keys {
+        let about = Around {
+            faults,
+            calls: &calls[key],
+            bounds,
+        };
         for overlap in overlaps(key, holds) {
-            match documented_by(&overlap, faults, bounds) {
+            match documented_by(&overlap, &about) {
                 Some(fault) => {
                     if stale_writer_fenced(&overlap, writes) {
                         report.documented_fenced += 1;
@@ -248,7 +261,7 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
         for found in fences(key, holds) {
             let documented = clock_went_back(&found, faults, bounds)
                 .or_else(|| failed_over(&found, faults))
-                .or_else(|| bare_quorum_drop(&found, faults, bounds.quorum))
+                .or_else(|| bare_quorum_drop(&found, &about))
                 .or_else(|| paused_before_return_drop(&found, faults, bounds));
             match documented {
                 Some(fault) => report.documented_fences.push((found, fault.clone())),
@@ -340,17 +353,26 @@ fn span(overlap: &Overlap) -> (u64, u64) {
     (start.unwrap_or(0), end.unwrap_or(0))
 }
 
+/// What a key's overlaps and token drops are judged against: the faults, every call on the key
+/// (any outcome) and the bounds.
+struct Around<'a> {
+    faults: &'a [Fault],
+    calls: &'a [&'a Op],
+    bounds: &'a Bounds,
+}
+
 /// The documented-limit fault active (or healed less than a ttl before) while the holds were
 /// held; for a paused worker, a holder paused past its validity ([`paused_holder`]).
-fn documented_by<'a>(overlap: &Overlap, faults: &'a [Fault], bounds: &Bounds) -> Option<&'a Fault> {
+fn documented_by<'a>(overlap: &Overlap, about: &Around<'a>) -> Option<&'a Fault> {
+    let bounds = about.bounds;
     let (start, end) = span(overlap);
     let during = |f: &Fault| f.start_ns < end && start < f.end_ns + bounds.ttl_ns;
-    faults.iter().find(|f| {
+    about.faults.iter().find(|f| {
         if f.kind == FaultKind::ClientPause {
             return paused_holder(f, overlap, bounds) || paused_before_return(f, overlap, bounds);
         }
         (during(f) && f.is_documented_limit(bounds.quorum))
-            || bare_quorum_overlap(f, overlap, faults, bounds.quorum)
+            || bare_quorum_overlap(f, overlap, about)
     })
 }
 
@@ -422,12 +444,12 @@ fn paused_before_return_drop<'a>(
 /// holds as the grant that rested on a bare quorum ([`bare_quorum`]): any hold whose acquire began
 /// before another hold's acquire returned (replies can come late: the hold that began later may
 /// be the one granted first on the servers).
-fn bare_quorum_overlap(step: &Fault, overlap: &Overlap, faults: &[Fault], quorum: usize) -> bool {
+fn bare_quorum_overlap(step: &Fault, overlap: &Overlap, about: &Around<'_>) -> bool {
     overlap.holds.iter().enumerate().any(|(i, victim)| {
         overlap.holds.iter().enumerate().any(|(j, other)| {
             i != j
                 && victim.invoke_ns < other.done_ns
-                && bare_quorum(step, victim, other.done_ns, faults, quorum)
+                && bare_quorum(step, victim, other.done_ns, about)
         })
     })
 }
@@ -436,18 +458,15 @@ fn bare_quorum_overlap(step: &Fault, overlap: &Overlap, faults: &[Fault], quorum
 /// granted before `other_done`: the step can have expired the victim's key early before the
 /// other grant returned (a step ahead on after the victim's acquire began and begun before the
 /// other grant returned; a step back on during the victim's acquire and returned before the
-/// other grant did), and the servers it stepped, those a fault may have kept out of the victim's
-/// grant (any fault on them during its acquire) and those that lost keys meanwhile (another
-/// clock step, a kill or a restart before the other grant) make a quorum. The victim's grant
-/// then rested on fewer than a quorum of servers that kept its key, which Redlock's clock
+/// other grant did), and the victim's grant can have rested on a bare quorum that included a
+/// stepped server. It can when a contender may have held nodes while the victim's acquire ran
+/// ([`contended_during`]: a split vote leaves the winner on the nodes it won, a bare quorum at
+/// worst, until it lets go), or when the servers it stepped, those a fault may have kept out of
+/// the victim's grant (any fault on them during its acquire) and those that lost keys meanwhile
+/// (another clock step, a kill or a restart before the other grant) make a quorum. The victim's
+/// grant then rested on fewer than a quorum of servers that kept its key, which Redlock's clock
 /// assumption rules out.
-fn bare_quorum(
-    step: &Fault,
-    victim: &Op,
-    other_done: u64,
-    faults: &[Fault],
-    quorum: usize,
-) -> bool {
+fn bare_quorum(step: &Fault, victim: &Op, other_done: u64, about: &Around<'_>) -> bool {
     let expired_early = match step.kind {
         FaultKind::ClockForward => step.start_ns < other_done && victim.invoke_ns < step.end_ns,
         FaultKind::ClockBack => {
@@ -460,8 +479,11 @@ fn bare_quorum(
     if !expired_early {
         return false;
     }
+    if contended_during(victim, about) {
+        return true;
+    }
     let mut servers: BTreeSet<usize> = step.servers.iter().copied().collect();
-    for f in faults {
+    for f in about.faults {
         let at_grant = f.start_ns < victim.done_ns && victim.invoke_ns < f.end_ns;
         let forgot = f.start_ns < other_done
             && victim.invoke_ns < f.end_ns
@@ -470,27 +492,38 @@ fn bare_quorum(
             servers.extend(f.servers.iter().copied());
         }
     }
-    servers.len() >= quorum
+    servers.len() >= about.bounds.quorum
+}
+
+/// Whether another call on the key may have held some of the nodes while `victim`'s acquire ran,
+/// so that the victim won only the others: a call under way then (its attempt's grants refuse
+/// the victim until they are withdrawn), or one that ended, or whose hold ended, less than a
+/// request timeout before (its withdrawal or release may still have been on its way to the
+/// slower nodes).
+fn contended_during(victim: &Op, about: &Around<'_>) -> bool {
+    about.calls.iter().any(|&call| {
+        let ended = call.done_ns.max(call.effective_end_ns());
+        call != victim
+            && call.invoke_ns < victim.done_ns
+            && victim.invoke_ns < ended + about.bounds.request_ns
+    })
 }
 
 /// The clock step on a minority that explains a token that did not grow because the later hold
 /// was granted first on the servers, on a bare quorum ([`bare_quorum`]): its acquire began before
 /// the earlier hold's returned, and its delayed grant, taken on servers the step then made
 /// forget it, was followed by the earlier hold's grant with a larger token.
-fn bare_quorum_drop<'a>(
-    found: &Violation,
-    faults: &'a [Fault],
-    quorum: usize,
-) -> Option<&'a Fault> {
+fn bare_quorum_drop<'a>(found: &Violation, about: &Around<'a>) -> Option<&'a Fault> {
     let Violation::FenceNotIncreasing { earlier, later, .. } = found else {
         return None;
     };
     if later.invoke_ns >= earlier.done_ns {
         return None;
     }
-    faults
+    about
+        .faults
         .iter()
-        .find(|f| bare_quorum(f, later, earlier.done_ns, faults, quorum))
+        .find(|f| bare_quorum(f, later, earlier.done_ns, about))
 }
 
 /// Whether the holder with the smaller token wrote to the register after the newer holder's
@@ -1281,6 +1314,65 @@ mod tests {
         (vec![hold(1, "k", 5, 1101, 1400), late], faults)
     }
 
+    /// The CI campaign's Redlock incident (seed 852886, 2026-12-05), in ms from 41103000 ms:
+    /// node 4's clock was stepped back from 1248 to 1732 ms; worker 1 asked at 1556 ms and was
+    /// granted at 1568 ms while worker 3's call on the key, asked at 1162 ms, was still under way
+    /// (a split vote: worker 1 won three nodes, node 4 among them, worker 3 the other two and
+    /// withdrew them). The key set on node 4 during the step expired when the clock returned,
+    /// and worker 2, asking from 1573 ms, won node 4 and the two worker 3 let go at 1906 ms,
+    /// while worker 1 was told the lock was its own until 2069 ms.
+    fn split_vote_then_step_back() -> (Vec<Op>, Vec<Fault>) {
+        let mut victim = hold(1, "k", 1, 1568, 2096);
+        victim.invoke_ns = 1556 * MS;
+        victim.valid_ns = 2069 * MS;
+        victim.lost_ns = 2096 * MS;
+        victim.release = Release::Lost;
+        let mut other = hold(2, "k", 2, 1906, 1925);
+        other.invoke_ns = 1573 * MS;
+        let contender = Op {
+            invoke_ns: 1162 * MS,
+            outcome: Outcome::Contended,
+            fences: Vec::new(),
+            hold_start_ns: 0,
+            hold_end_ns: 0,
+            valid_ns: 0,
+            release: Release::None,
+            ..hold(3, "k", 0, 1700, 1700)
+        };
+        let step = clock_step(FaultKind::ClockBack, &[4], 1248, 1732);
+        (vec![victim, other, contender], vec![step])
+    }
+
+    #[test]
+    fn a_clock_step_on_one_redlock_node_explains_an_overlap_when_a_split_vote_left_a_bare_quorum() {
+        let redlock = Bounds {
+            quorum: 3,
+            ..bounds()
+        };
+        let (ops, faults) = split_vote_then_step_back();
+        let report = check(&ops, &[], &faults, &redlock);
+        assert!(report.is_clean(), "{:?}", report.violations);
+        assert!(
+            matches!(&report.documented[..], [o] if o.fault.as_ref() == Some(&faults[0])),
+            "{:?}",
+            report.documented
+        );
+        // Without the contender the grant took every node: a violation.
+        let found = check(&ops[..2], &[], &faults, &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        // Nor does a call that ended more than a request timeout before worker 1 asked count.
+        let mut long_gone = ops.clone();
+        long_gone[2].invoke_ns = 100 * MS;
+        long_gone[2].done_ns = 1556 * MS - redlock.request_ns - MS;
+        let found = check(&long_gone, &[], &faults, &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        // Nor a step whose return came after worker 2's grant (the key was still there then).
+        let mut late_return = faults.clone();
+        late_return[0].end_ns = 1910 * MS;
+        let found = check(&ops, &[], &late_return, &redlock).violations;
+        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+    }
+
     #[test]
     fn a_late_grant_on_a_bare_quorum_of_which_a_node_stepped_ahead_is_a_documented_limit() {
         let redlock = Bounds {
@@ -1295,9 +1387,9 @@ mod tests {
             "{:?}",
             report.documented
         );
-        // Without the fault at worker 2's grant it had a node to spare: a violation.
-        let found = check(&ops, &[], &faults[1..], &redlock).violations;
-        assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
+        // Without the faults at worker 2's grant, worker 1's call, under way during worker 2's
+        // acquire, can have split the vote with it: still a bare quorum, still documented.
+        assert!(check(&ops, &[], &faults[2..], &redlock).is_clean());
         // Nor does a step that began after both grants had returned.
         let mut after = faults.clone();
         after[2].start_ns = 1301 * MS;
@@ -1322,7 +1414,9 @@ mod tests {
             "{:?}",
             report.documented_fences
         );
-        let found = check(&ops, &[], &faults[1..], &redlock).violations;
+        let mut after = faults;
+        after[2].start_ns = 1301 * MS;
+        let found = check(&ops, &[], &after, &redlock).violations;
         assert!(
             matches!(&found[..], [Violation::FenceNotIncreasing { .. }]),
             "{found:?}"
