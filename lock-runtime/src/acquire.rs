@@ -500,8 +500,7 @@ pub(crate) async fn acquire(
     // Under Redlock a majority must grant it, with `min_replicas` replicas must acknowledge it,
     // and on Sentinel or Cluster the node that sent it may have been deposed since (see
     // `Node::hand_off_is_a_grant`), so those ask again (the attempt finds the lock theirs).
-    let take_word = matches!(backend, Backend::One(node) if node.hand_off_is_a_grant())
-        && settings.min_replicas.is_none();
+    let take_word = backend.hand_off_is_a_grant() && settings.min_replicas.is_none();
     let may_queue = queues_when_starving(backend, &req.names, req.mode);
     let past = |now: Instant| req.give_up.is_some_and(|g| now >= g);
     // The promise: an acquire answers within its wait plus one request timeout, whatever the

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::error::NodeFailure;
 use crate::owner::Identity;
+use redis::RedisNode;
 
 pub(crate) use cluster::ClusterConfig;
 pub(crate) use etcd::EtcdConfig;
@@ -413,11 +414,23 @@ impl ExtendOutcome {
 /// What the lock lifecycle talks to: one node, or a quorum of independent nodes (Redlock).
 #[derive(Debug)]
 pub(crate) enum Backend {
+    /// One Redis server, whose acquire and release are called directly rather than through
+    /// `dyn Node` (which boxes each call's future): the uncontended pair's common case.
+    Redis(Arc<RedisNode>),
     One(Arc<dyn Node>),
     Quorum(Quorum),
 }
 
 impl Backend {
+    /// The node of a one-node backend, or the quorum.
+    fn node_or_quorum(&self) -> Result<&dyn Node, &Quorum> {
+        match self {
+            Backend::Redis(node) => Ok(&**node),
+            Backend::One(node) => Ok(&**node),
+            Backend::Quorum(quorum) => Err(quorum),
+        }
+    }
+
     pub(crate) async fn acquire(
         &self,
         names: &Names,
@@ -425,50 +438,52 @@ impl Backend {
         ask: Ask,
     ) -> Result<Attempt, Vec<NodeFailure>> {
         match self {
+            Backend::Redis(node) => node
+                .acquire_here(names, token, ask)
+                .await
+                .map_err(|f| vec![f]),
             Backend::One(node) => node.acquire(names, token, ask).await.map_err(|f| vec![f]),
             Backend::Quorum(quorum) => quorum.acquire(names, token, ask).await,
         }
     }
 
+    /// Whether a hand-off message is itself a grant here (see [`Node::hand_off_is_a_grant`]):
+    /// never under Redlock.
+    pub(crate) fn hand_off_is_a_grant(&self) -> bool {
+        self.node_or_quorum().is_ok_and(Node::hand_off_is_a_grant)
+    }
+
     /// What a failure of the whole backend names as its node: the node's address, or `quorum`.
     pub(crate) fn label(&self) -> &str {
-        match self {
-            Backend::One(node) => node.addr(),
-            Backend::Quorum(_) => "quorum",
-        }
+        self.node_or_quorum().map_or("quorum", Node::addr)
     }
 
     /// See [`Node::queues_starving_waiters`]: never under Redlock, whose fair queue lives on
     /// one node while its releases go to every node.
     pub(crate) fn queues_starving_waiters(&self) -> bool {
-        match self {
-            Backend::One(node) => node.queues_starving_waiters(),
-            Backend::Quorum(_) => false,
-        }
+        self.node_or_quorum()
+            .is_ok_and(Node::queues_starving_waiters)
     }
 
     /// See [`Node::tells_waiters_alone`].
     pub(crate) fn tells_waiters_alone(&self) -> bool {
-        match self {
-            Backend::One(node) => node.tells_waiters_alone(),
-            Backend::Quorum(quorum) => quorum.tells_waiters_alone(),
+        match self.node_or_quorum() {
+            Ok(node) => node.tells_waiters_alone(),
+            Err(quorum) => quorum.tells_waiters_alone(),
         }
     }
 
     /// The node, when the backend is one node that answers at once (in memory).
     pub(crate) fn at_once(&self) -> Option<&dyn AtOnce> {
-        match self {
-            Backend::One(node) => node.at_once(),
-            Backend::Quorum(_) => None,
-        }
+        self.node_or_quorum().ok().and_then(Node::at_once)
     }
 
     /// Whether locks of `mode` can be held here; `Err` says why not (a `Config` error for the
     /// caller). Every single node offers every kind; Redlock refuses semaphores.
     pub(crate) fn supports(&self, mode: Mode) -> Result<(), String> {
         match self {
-            Backend::One(_) => Ok(()),
             Backend::Quorum(_) => Quorum::supports(mode),
+            Backend::Redis(_) | Backend::One(_) => Ok(()),
         }
     }
 
@@ -479,14 +494,14 @@ impl Backend {
         items: Arc<[OwnedExtendItem]>,
         done: &mut (dyn FnMut(usize, ExtendOutcome) + Send),
     ) {
-        match self {
-            Backend::One(node) => {
+        match self.node_or_quorum() {
+            Ok(node) => {
                 let borrowed: Vec<ExtendItem<'_>> = items.iter().map(|i| i.borrow()).collect();
                 for (i, outcome) in node.extend_many(&borrowed).await.into_iter().enumerate() {
                     done(i, outcome);
                 }
             }
-            Backend::Quorum(quorum) => quorum.extend_many(items, done).await,
+            Err(quorum) => quorum.extend_many(items, done).await,
         }
     }
 
@@ -499,6 +514,10 @@ impl Backend {
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         match self {
+            Backend::Redis(node) => node
+                .release_here(names, token, mode, wake)
+                .await
+                .map_err(|f| vec![f]),
             Backend::One(node) => node
                 .release(names, token, mode, wake)
                 .await
@@ -515,15 +534,16 @@ impl Backend {
         token: &Token,
         left: Duration,
     ) -> Result<bool, Vec<NodeFailure>> {
-        match self {
-            Backend::One(node) => node.keep(names, token, left).await.map_err(|f| vec![f]),
-            Backend::Quorum(quorum) => quorum.keep(names, token, left).await,
+        match self.node_or_quorum() {
+            Ok(node) => node.keep(names, token, left).await.map_err(|f| vec![f]),
+            Err(quorum) => quorum.keep(names, token, left).await,
         }
     }
 
     /// Every node, in config order.
     pub(crate) fn nodes(&self) -> Vec<Arc<dyn Node>> {
         match self {
+            Backend::Redis(node) => vec![Arc::clone(node) as Arc<dyn Node>],
             Backend::One(node) => vec![Arc::clone(node)],
             Backend::Quorum(quorum) => quorum.nodes().to_vec(),
         }
@@ -541,22 +561,21 @@ impl Backend {
     /// under Redlock on the gate node of `first`, which the lock's attempts ask first. `needed` is
     /// how many confirmations make a release impossible to miss while those nodes answer.
     pub(crate) fn watch(&self, name: &str, first: &str, own: Option<u64>) -> Watch {
-        match self {
-            Backend::One(node) => Watch {
+        match self.node_or_quorum() {
+            Ok(node) => Watch {
                 subscriptions: vec![node.watch(name, own)],
                 needed: 1,
             },
-            Backend::Quorum(quorum) => quorum.watch(name, first, own),
+            Err(quorum) => quorum.watch(name, first, own),
         }
     }
 
     /// Where else to listen when the subscriptions of [`watch`](Self::watch) could not be
     /// confirmed: Redlock's other nodes (a single node has nowhere else).
     pub(crate) fn watch_others(&self, name: &str, first: &str, own: Option<u64>) -> Option<Watch> {
-        match self {
-            Backend::One(_) => None,
-            Backend::Quorum(quorum) => Some(quorum.watch_others(name, first, own)),
-        }
+        self.node_or_quorum()
+            .err()
+            .map(|quorum| quorum.watch_others(name, first, own))
     }
 }
 

@@ -121,6 +121,51 @@ impl RedisNode {
         })
     }
 
+    /// [`Node::acquire`], unboxed: the single-node backend calls it directly
+    /// ([`Backend::Redis`](super::Backend::Redis)). The connection is chosen when it is called,
+    /// on the caller's thread (see [`conn`](Self::conn)), not when it is first polled.
+    pub(crate) fn acquire_here<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        ask: Ask,
+    ) -> impl Future<Output = Result<Attempt, NodeFailure>> + Send + 'a {
+        let conn = self.conn();
+        async move {
+            let attempt = self.calls.acquire(conn.get(), names, token, ask).await;
+            conn.answered(&attempt);
+            attempt
+        }
+    }
+
+    /// [`Node::release`], unboxed (see [`acquire_here`](Self::acquire_here)).
+    pub(crate) fn release_here<'a>(
+        &'a self,
+        names: &'a [Arc<str>],
+        token: &'a Token,
+        mode: Mode,
+        wake: bool,
+    ) -> impl Future<Output = Result<bool, NodeFailure>> + Send + 'a {
+        let conn = self.conn();
+        async move {
+            let released = self
+                .calls
+                .release(conn.get(), names, token, mode, wake)
+                .await;
+            conn.answered(&released);
+            if conn.after_closed() && matches!(released, Ok(false)) {
+                // The server may have run it before the call's requests on the closed
+                // connection (see `local`), in the round of reads that ran them: answered,
+                // that round is over, and a release now comes after them.
+                return self
+                    .calls
+                    .release(conn.get(), names, token, mode, wake)
+                    .await;
+            }
+            released
+        }
+    }
+
     /// The connection a request goes over: the caller's own when its call has one (see
     /// [`local`]), else the shared one.
     fn conn(&self) -> Conn<'_> {
@@ -198,12 +243,7 @@ impl Node for RedisNode {
         token: &'a Token,
         ask: Ask,
     ) -> BoxFuture<'a, Result<Attempt, NodeFailure>> {
-        let conn = self.conn();
-        Box::pin(async move {
-            let attempt = self.calls.acquire(conn.get(), names, token, ask).await;
-            conn.answered(&attempt);
-            attempt
-        })
+        Box::pin(self.acquire_here(names, token, ask))
     }
 
     fn extend_many<'a>(&'a self, items: &'a [ExtendItem<'a>]) -> BoxFuture<'a, Vec<ExtendOutcome>> {
@@ -217,24 +257,7 @@ impl Node for RedisNode {
         mode: Mode,
         wake: bool,
     ) -> BoxFuture<'a, Result<bool, NodeFailure>> {
-        let conn = self.conn();
-        Box::pin(async move {
-            let released = self
-                .calls
-                .release(conn.get(), names, token, mode, wake)
-                .await;
-            conn.answered(&released);
-            if conn.after_closed() && matches!(released, Ok(false)) {
-                // The server may have run it before the call's requests on the closed connection
-                // (see `local`), in the round of reads that ran them: answered, that round is
-                // over, and a release now comes after them.
-                return self
-                    .calls
-                    .release(conn.get(), names, token, mode, wake)
-                    .await;
-            }
-            released
-        })
+        Box::pin(self.release_here(names, token, mode, wake))
     }
 
     fn keep<'a>(

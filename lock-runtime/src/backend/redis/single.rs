@@ -49,6 +49,6 @@ impl ValidBackend for ValidSingle {
 
     fn build(&self, settings: &Settings, wakers: Arc<WakeRegistry>) -> Result<Backend, LockError> {
         let node = RedisNode::new(&self.addr, self.field, settings, wakers, true)?;
-        Ok(Backend::One(Arc::new(node)))
+        Ok(Backend::Redis(Arc::new(node)))
     }
 }
