@@ -27,8 +27,8 @@
 //! only on enough servers to make a quorum ([`Bounds::quorum`]): a step ahead expires held keys
 //! early, and so does the return of a step back for the keys set meanwhile. On Redlock a step on
 //! one node is one too when the grant it struck can have rested on a bare quorum that included
-//! the node ([`bare_quorum`]): faults kept the other nodes out of it, or a contender held them
-//! (a split vote).
+//! the node ([`bare_quorum`]): faults kept the other nodes out of it, or another call's key was
+//! on them (a split vote, or a copy left by a release that had not reached them).
 //!
 //! A token that does not grow is a documented limit only when the granting servers' clock went
 //! back (tokens are raised to the server clock, and grow across a lost counter only as long as
@@ -495,17 +495,18 @@ fn bare_quorum(step: &Fault, victim: &Op, other_done: u64, about: &Around<'_>) -
     servers.len() >= about.bounds.quorum
 }
 
-/// Whether another call on the key may have held some of the nodes while `victim`'s acquire ran,
-/// so that the victim won only the others: a call under way then (its attempt's grants refuse
-/// the victim until they are withdrawn), or one that ended, or whose hold ended, less than a
-/// request timeout before (its withdrawal or release may still have been on its way to the
-/// slower nodes).
+/// Whether another call's key may have been on some of the nodes while `victim`'s acquire ran,
+/// so that the victim won only the others, and kept them out past the library's attempts to
+/// place the won lock there too (about 60 ms): a call under way then (its attempt's grants
+/// refuse the victim until they are withdrawn, which a slow node delays), or one that ended, or
+/// whose hold ended, less than a ttl before (a withdrawal or release that did not reach a node
+/// left a copy there, which lives out its ttl).
 fn contended_during(victim: &Op, about: &Around<'_>) -> bool {
     about.calls.iter().any(|&call| {
         let ended = call.done_ns.max(call.effective_end_ns());
         call != victim
             && call.invoke_ns < victim.done_ns
-            && victim.invoke_ns < ended + about.bounds.request_ns
+            && victim.invoke_ns < ended + about.bounds.ttl_ns
     })
 }
 
@@ -1317,10 +1318,11 @@ mod tests {
     /// The CI campaign's Redlock incident (seed 852886, 2026-12-05), in ms from 41103000 ms:
     /// node 4's clock was stepped back from 1248 to 1732 ms; worker 1 asked at 1556 ms and was
     /// granted at 1568 ms while worker 3's call on the key, asked at 1162 ms, was still under way
-    /// (a split vote: worker 1 won three nodes, node 4 among them, worker 3 the other two and
-    /// withdrew them). The key set on node 4 during the step expired when the clock returned,
-    /// and worker 2, asking from 1573 ms, won node 4 and the two worker 3 let go at 1906 ms,
-    /// while worker 1 was told the lock was its own until 2069 ms.
+    /// (worker 1 won three nodes, node 4 among them; worker 3's key was on the other two, and
+    /// stayed there past worker 1's tries to place its lock on them). The key set on node 4
+    /// during the step expired when the clock returned, and worker 2, asking from 1573 ms, won
+    /// node 4 and the two worker 3 let go at 1906 ms, while worker 1 was told the lock was its
+    /// own until 2069 ms.
     fn split_vote_then_step_back() -> (Vec<Op>, Vec<Fault>) {
         let mut victim = hold(1, "k", 1, 1568, 2096);
         victim.invoke_ns = 1556 * MS;
@@ -1344,7 +1346,8 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_step_on_one_redlock_node_explains_an_overlap_when_a_split_vote_left_a_bare_quorum() {
+    fn a_clock_step_on_one_redlock_node_explains_an_overlap_when_another_calls_key_left_a_bare_quorum()
+     {
         let redlock = Bounds {
             quorum: 3,
             ..bounds()
@@ -1360,10 +1363,10 @@ mod tests {
         // Without the contender the grant took every node: a violation.
         let found = check(&ops[..2], &[], &faults, &redlock).violations;
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
-        // Nor does a call that ended more than a request timeout before worker 1 asked count.
+        // Nor does a call that ended more than a ttl before worker 1 asked count.
         let mut long_gone = ops.clone();
         long_gone[2].invoke_ns = 100 * MS;
-        long_gone[2].done_ns = 1556 * MS - redlock.request_ns - MS;
+        long_gone[2].done_ns = 1556 * MS - redlock.ttl_ns - MS;
         let found = check(&long_gone, &[], &faults, &redlock).violations;
         assert!(matches!(&found[..], [Violation::Overlap(_)]), "{found:?}");
         // Nor a step whose return came after worker 2's grant (the key was still there then).
