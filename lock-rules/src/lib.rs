@@ -1,5 +1,6 @@
 //! Rules shared by `lock-macros` (checked while compiling an attribute) and `lock-runtime` (checked
-//! when a lock is built at run time), so both reject exactly the same values with the same words.
+//! when a lock is built at run time), so both reject exactly the same values with the same words;
+//! and the lock-name patterns that `lock-runtime`'s test faults and `lockctl` both match.
 
 #![no_std]
 
@@ -180,11 +181,45 @@ impl fmt::Display for ModeError {
     }
 }
 
+/// Whether lock name `name` matches `pattern`, where `*` matches any run of characters (also
+/// none) and `?` exactly one; every other character matches itself (no classes, no escapes, so no
+/// pattern is invalid). The patterns of `lockctl list` and `watch`, and of
+/// `lock_runtime::testing::Faults::unavailable`.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    // Byte offsets into each, always on character boundaries.
+    let (mut p, mut n) = (0, 0);
+    // The last `*` seen, and the name offset it is tried against.
+    let mut star: Option<(usize, usize)> = None;
+    while let Some(c) = name[n..].chars().next() {
+        match pattern[p..].chars().next() {
+            Some('*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(want) if want == '?' || want == c => {
+                p += want.len_utf8();
+                n += c.len_utf8();
+            }
+            _ => match star {
+                // Let the last `*` take one more character, and try again after it.
+                Some((sp, sn)) => {
+                    let taken = name[sn..].chars().next().map_or(1, char::len_utf8);
+                    star = Some((sp, sn + taken));
+                    p = sp + 1;
+                    n = sn + taken;
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].chars().all(|c| c == '*')
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
 
-    use super::{MAX_TTL, MIN_TTL, Mode, ModeError, TtlError, check_ttl};
+    use super::{MAX_TTL, MIN_TTL, Mode, ModeError, TtlError, check_ttl, name_matches};
     use core::time::Duration;
     use std::string::ToString as _;
 
@@ -228,6 +263,46 @@ mod tests {
             assert!(!message.ends_with('.'), "{message}");
         }
     }
+    #[test]
+    fn stars_match_any_run_and_question_marks_one_character() {
+        let matches = [
+            ("wallet:*", "wallet:42"),
+            ("wallet:*", "wallet:"),
+            ("*", ""),
+            ("*", "wallet:42"),
+            ("*:42", "wallet:42"),
+            ("w*t:*2", "wallet:42"),
+            ("wallet:?2", "wallet:42"),
+            ("a*b*c", "aXbYbZc"),
+            ("*a*a*", "banana"),
+            ("{user:7}*", "{user:7}=a"),
+            ("50%", "50%"),
+            ("é?:*", "éü:ß"),
+            ("*ß", "straße ß"),
+            ("exact", "exact"),
+        ];
+        for (pattern, name) in matches {
+            assert!(name_matches(pattern, name), "{pattern} matches {name}");
+        }
+        let misses = [
+            ("wallet:*", "order:1"),
+            ("wallet:?", "wallet:42"),
+            ("wallet", "wallet:42"),
+            ("*:43", "wallet:42"),
+            ("?", ""),
+            ("", "a"),
+            ("a*b", "aXc"),
+            ("a*b", "ab c"),
+            ("é?", "é"),
+        ];
+        for (pattern, name) in misses {
+            assert!(
+                !name_matches(pattern, name),
+                "{pattern} does not match {name}"
+            );
+        }
+    }
+
     #[test]
     fn modes_from_flags() {
         assert_eq!(Mode::from_flags(false, false, None), Ok(Mode::Exclusive));

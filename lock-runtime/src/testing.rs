@@ -160,10 +160,11 @@ impl Faults {
     /// unavailable.
     pub(crate) fn failure<S: AsRef<str>>(&self, node: &str, names: &[S]) -> Option<NodeFailure> {
         let state = self.state();
-        let pattern = state
-            .unavailable
-            .iter()
-            .find(|p| names.iter().any(|name| glob(p, name.as_ref())))?;
+        let pattern = state.unavailable.iter().find(|p| {
+            names
+                .iter()
+                .any(|name| lock_rules::name_matches(p, name.as_ref()))
+        })?;
         Some(NodeFailure {
             node: node.to_owned(),
             kind: FailureKind::Injected,
@@ -185,73 +186,5 @@ impl fmt::Debug for Faults {
         f.debug_struct("Faults")
             .field("unavailable", &state.unavailable)
             .finish_non_exhaustive()
-    }
-}
-
-/// Whether `text` matches `pattern`, where `*` is any run of characters and `?` one character:
-/// the patterns of `lockctl list` (lock-cli's `glob::matches`, which that crate keeps: it uses
-/// this one's public API only). Written out (a dozen lines, no failure) rather than a glob
-/// crate's path patterns, whose `[..]` classes can make a pattern invalid.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (pattern, text): (Vec<char>, Vec<char>) =
-        (pattern.chars().collect(), text.chars().collect());
-    let (mut p, mut t) = (0, 0);
-    // The last `*` seen, and the text position it is tried against.
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some('*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(&c) if c == '?' || c == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                // Let the last `*` take one more character, and try again after it.
-                Some((sp, st)) => {
-                    star = Some((sp, st + 1));
-                    p = sp + 1;
-                    t = st + 1;
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p..].iter().all(|&c| c == '*')
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob;
-
-    #[test]
-    fn stars_match_any_run_and_question_marks_one_character() {
-        let matches = [
-            ("wallet:*", "wallet:42"),
-            ("wallet:*", "wallet:"),
-            ("*", ""),
-            ("*:42", "wallet:42"),
-            ("w*t:*2", "wallet:42"),
-            ("wallet:?2", "wallet:42"),
-            ("*a*a*", "banana"),
-            ("{t}:*", "{t}:x"),
-            ("exact", "exact"),
-        ];
-        for (pattern, text) in matches {
-            assert!(glob(pattern, text), "{pattern} matches {text}");
-        }
-        let misses = [
-            ("wallet:*", "order:1"),
-            ("wallet:?", "wallet:42"),
-            ("wallet", "wallet:42"),
-            ("*:43", "wallet:42"),
-            ("?", ""),
-            ("a*b", "ab c"),
-        ];
-        for (pattern, text) in misses {
-            assert!(!glob(pattern, text), "{pattern} does not match {text}");
-        }
     }
 }
