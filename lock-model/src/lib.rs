@@ -105,11 +105,13 @@
 //! scripts; a short waiter's mark then lapses before a long waiter's pause ends, and the release
 //! tells nobody (the long waiter wakes at its backoff poll instead).
 //!
-//! Not modelled: renewal of a held lock, the subscription's set-up (see Messages), several nodes
-//! (Redlock), replication (Sentinel, Cluster: hand-offs are not taken as grants there), several
+//! Not modelled here: renewal of a held lock, the subscription's set-up (see Messages), several
+//! nodes (Redlock has a model of its own, [`redlock`]), replication (Sentinel, Cluster: hand-offs are not taken as grants there), several
 //! keys, shared locks and semaphores, `min_hold`, forced release.
 
 use stateright::{Model, Property};
+
+pub mod redlock;
 
 /// A client's index.
 pub type Client = u8;
