@@ -399,3 +399,60 @@ fn a_sentinel_sets_lock_request_count_leaves_out_the_sentinels_hellos() {
     );
     assert_eq!(set.lock_requests(), requests);
 }
+
+/// The campaign's worker pause (`nemesis::pause_process`) records a span that no clock reading
+/// of the paused process falls into: the checker compares the workers' readings with it (a
+/// reading taken after the signal was sent but before it took effect once passed for one taken
+/// during the pause, and the campaign reported a documented limit as a violation).
+#[test]
+fn a_paused_process_reads_the_clock_only_before_or_after_the_recorded_pause() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+
+    use lock_tests::campaign::nemesis::pause_process;
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_clock_reader"))
+        .arg("20")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Every reading, in the order printed.
+    let readings = std::thread::spawn(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|line| line.parse::<u64>().ok())
+            .collect::<Vec<u64>>()
+    });
+    let mut spans = Vec::new();
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(20));
+        spans.push(pause_process(child.id(), Duration::from_millis(50)).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let readings = readings.join().unwrap();
+    for (start, end) in spans {
+        // The process was running around the pause: it read the clock just before and after.
+        let before = readings.iter().filter(|&&r| r < start).max().copied();
+        let after = readings.iter().filter(|&&r| r > end).min().copied();
+        assert!(
+            before.is_some_and(|b| start - b < 20_000_000)
+                && after.is_some_and(|a| a - end < 20_000_000),
+            "no reading within 20 ms of the pause {start}..{end}: {before:?}, {after:?}"
+        );
+        let inside: Vec<u64> = readings
+            .iter()
+            .copied()
+            .filter(|&r| (start..=end).contains(&r))
+            .collect();
+        assert!(
+            inside.is_empty(),
+            "{} readings inside the pause {start}..{end}, the first {} ns after its start",
+            inside.len(),
+            inside[0] - start
+        );
+    }
+}

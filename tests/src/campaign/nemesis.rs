@@ -166,7 +166,12 @@ pub fn for_a_while(inject: impl FnOnce(), hold: Duration, heal: impl FnOnce()) -
 }
 
 /// Pauses worker `pid` (SIGSTOP) for `hold`, then resumes it (SIGCONT, also if this thread
-/// unwinds meanwhile).
+/// unwinds meanwhile). The span is exact for the checker: it begins once every thread of the
+/// worker has stopped and ends before the worker is resumed, so each clock reading the worker
+/// records is before its start or after its end. (The start used to be read before the signal
+/// was sent: a worker that read the clock in the microseconds before the signal took effect
+/// then looked as if it had taken a reading while paused, and its acquire's return came 78 µs
+/// "after" the pause began: CI, seed 595693.)
 pub fn pause_process(pid: u32, hold: Duration) -> Option<Span> {
     struct Resume(Pid);
     impl Drop for Resume {
@@ -174,13 +179,42 @@ pub fn pause_process(pid: u32, hold: Duration) -> Option<Span> {
             let _ = kill(self.0, Signal::SIGCONT);
         }
     }
-    let pid = Pid::from_raw(i32::try_from(pid).ok()?);
+    let process = Pid::from_raw(i32::try_from(pid).ok()?);
+    kill(process, Signal::SIGSTOP).ok()?;
+    let resume = Resume(process);
+    wait_stopped(pid);
     let start = now_ns();
-    kill(pid, Signal::SIGSTOP).ok()?;
-    let resume = Resume(pid);
     thread::sleep(hold);
+    let end = now_ns();
     drop(resume);
-    Some((start, now_ns()))
+    Some((start, end))
+}
+
+/// How long a stop signal may take to stop every thread of a process (a thread running on
+/// another core stops at its next interrupt); past it the pause is recorded as begun anyway.
+const STOP_TAKES_EFFECT: Duration = Duration::from_secs(1);
+
+/// Waits until every thread of process `pid` is stopped (its `/proc` state `T`), at most
+/// [`STOP_TAKES_EFFECT`]; a process that is gone is stopped enough.
+fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + STOP_TAKES_EFFECT;
+    while !all_stopped(pid) && Instant::now() < deadline {
+        thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn all_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        // `pid (comm) S ...`: the state follows the last `)` (a command name may hold one).
+        std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| state == 'T' || state == 't')
+        })
+    })
 }
 
 /// How much longer than a ttl a worker pause lasts, in ms: the pause outlasts every validity.
