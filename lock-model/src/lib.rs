@@ -31,7 +31,10 @@
 //!   and marks the flag for its lease (`mark_waiting`); its pause is bounded by the holder's
 //!   `PTTL`, or, the key free, by the head's lease. A default lock's waiter starves from its
 //!   second attempt ("refused once" stands for `Herd::STARVING`), and not while an attempt's
-//!   outcome is unknown (`acquire.rs`, `unproven`).
+//!   outcome is unknown (`acquire.rs`, `unproven`). The code's plain attempts in between, a
+//!   young waiter's answers to wake-ups, are this step early: one that loses the race marks
+//!   nothing (`Ask::marks`), since the waiter then hears no release until its threshold, which
+//!   bounds that pause as the backoff bounds any other (see "No lost wake-up").
 //! - **The release** ([`Ask::Release`]). Default lock (`scripts::EXCLUSIVE_RELEASE`,
 //!   `TAKE_BACK_QUIETLY`): the holder's compare-and-delete deletes the key and the flag in one
 //!   `DEL`; when the flag was not there it returns at once (nobody told). A caller that does not

@@ -64,6 +64,10 @@ pub(crate) trait WaitStrategy: Send {
     /// Called right before each attempt.
     fn before_attempt(&mut self);
 
+    /// Whether the next attempt answers a release's wake-up: refused, it lost the lock to a
+    /// faster caller.
+    fn answers_a_wake_up(&self) -> bool;
+
     /// Waits until the next attempt is worth making, but never past `until`. `held` is what the
     /// refusal said; `token` the waiter's; `queues` whether a default lock's waiter takes a place
     /// in the queue when it starves (not while an attempt's outcome is unknown: then it listens
@@ -328,6 +332,10 @@ impl<'a> NotifyOrBackoff<'a> {
 }
 
 impl WaitStrategy for NotifyOrBackoff<'_> {
+    fn answers_a_wake_up(&self) -> bool {
+        self.herd.woken
+    }
+
     fn before_attempt(&mut self) {
         if let Some(w) = self.watch.as_mut() {
             for wake in &mut w.wakes {
@@ -536,6 +544,10 @@ pub(crate) async fn acquire(
                 req.ttl
             },
             starving,
+            // Refused after a wake-up, a waiter that queues when it starves sleeps until then
+            // and hears no release meanwhile (see `Herd`): a mark would only make the next
+            // release wake the others, who mostly lose the race to its releaser too.
+            marks: starving || !will_queue || !strategy.answers_a_wake_up(),
         };
         // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
         // `min_replicas`, a refused waiter's mark, Cluster's slot groups): it is cut at the
@@ -703,6 +715,7 @@ pub(crate) fn acquire_at_once(
         waits: Duration::ZERO,
         lease: req.ttl,
         starving: false,
+        marks: false,
     };
     let Attempt::Acquired { fences } = node.acquire_at_once(&req.names, &token, ask, now) else {
         return None;

@@ -250,6 +250,12 @@ pub(crate) struct Ask {
     /// a node that can (see [`Node::queues_starving_waiters`]) asks as a fair waiter does, which
     /// gives it a place in the lock's queue.
     pub(crate) starving: bool,
+    /// A refused caller that waits marks the lock waited for (the flag that makes a release
+    /// wake its waiters; see `scripts::EXCLUSIVE_RELEASE`). False for a waiter that answered a
+    /// release's wake-up and lost the race for it: it then listens to no release until it
+    /// starves (see `acquire.rs`, `Herd`), so a mark would only make the next release wake the
+    /// others for nothing.
+    pub(crate) marks: bool,
 }
 
 /// How many bytes of a holder value are the secret: a token's 32 hex digits.

@@ -286,6 +286,7 @@ impl Calls {
             waits,
             lease,
             starving,
+            marks: _,
         } = ask;
         let asked = mode;
         let queues = starving
@@ -465,7 +466,7 @@ impl Calls {
             .arg(token.as_str())
             .arg(millis(ask.ttl))
             .arg(if ask.fencing { "1" } else { "0" })
-            .arg(if ask.queue {
+            .arg(if ask.queue && ask.marks {
                 millis(ask.waits.min(ask.lease)).max(1)
             } else {
                 0
@@ -511,7 +512,9 @@ impl Calls {
     /// wait when shorter, so a waiter that gives up leaves the flag no longer; a release that
     /// finds no flag wakes nobody, see [`scripts::EXCLUSIVE_RELEASE`]) and reads its time to live, which bounds the wait, in
     /// a second round trip: the flag first, so that a release that did not see it came before
-    /// the `PTTL`, which then says the lock is free (ask again at once).
+    /// the `PTTL`, which then says the lock is free (ask again at once). One that lost a
+    /// wake-up's race ([`Ask::marks`] false) sleeps until it starves whatever a release says:
+    /// its refusal costs the `SET` alone.
     /// `None` when the script must answer: the key holds our token already (a resent attempt:
     /// the script refreshes it), or is of another type (a shared lock or semaphore: the script
     /// marks a waiting writer or reports the mismatch).
@@ -558,8 +561,9 @@ impl Calls {
             Value::BulkString(holder) => crate::owner::is_ours(&holder),
             _ => return unexpected(),
         };
-        if !ask.queue {
-            // It does not wait: nothing to mark, and no wait to bound.
+        if !ask.queue || !ask.marks {
+            // It does not wait, or sleeps until it starves whatever a release says: nothing
+            // to mark, and no wait to bound.
             return Some(Ok(Attempt::Held {
                 index: 0,
                 pttl: None,
