@@ -48,7 +48,11 @@
 //!   published, the flag is not read.
 //! - **Messages** ([`Message`], `pubsub.rs`, `wait.rs`): a wake-up reaches every client that
 //!   is waiting (subscribed: the real waiter looks again once its subscription is confirmed, so
-//!   a release before that is as good as heard); messages may come late, never
+//!   a release before that is as good as heard; on one Redis server an unfenced queued waiter's
+//!   look is `GET` and `PTTL`, `acquire.rs` `look`: the key holding its token is the hand-off it
+//!   missed, valid for the time to live read, as the attempt's `holder == token` grants; a free
+//!   key reads `PTTL` -2, and the attempt that follows at once takes it as the look-again
+//!   attempt did; elsewhere the look is an attempt); messages may come late, never
 //!   ([`Action::LoseMessage`]) or twice ([`Action::Read`] `twice`).
 //! - **The client** (`acquire.rs`): a grant's validity is its attempt's start plus the ttl; an
 //!   answer may be lost ([`Action::LoseAnswer`]; the client times out, [`Action::TimeOut`], the

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::backend::{
-    Ask, AtOnce, Attempt, Backend, BoxFuture, Mode, Names, Subscription, Token, Watch,
+    Ask, AtOnce, Attempt, Backend, BoxFuture, Looked, Mode, Names, Subscription, Token, Watch,
 };
 use crate::config::Settings;
 use crate::error::{LockError, NodeFailure};
@@ -71,15 +71,28 @@ pub(crate) trait WaitStrategy: Send {
     /// Waits until the next attempt is worth making, but never past `until`. `held` is what the
     /// refusal said; `token` the waiter's; `queues` whether a default lock's waiter takes a place
     /// in the queue when it starves (not while an attempt's outcome is unknown: then it listens
-    /// to every release). Answers what the release that woke it said, when it handed the lock to
-    /// `held.ticket`.
+    /// to every release).
     fn pause<'a>(
         &'a mut self,
         held: Held,
         token: &Token,
         queues: bool,
         until: Option<Instant>,
-    ) -> BoxFuture<'a, Option<HandOff>>;
+    ) -> BoxFuture<'a, Woken>;
+}
+
+/// How a pause ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// Time for the next attempt: a release for anybody, or the pause's end.
+    Attempt,
+    /// A release handed the lock to `held.ticket`, and said this.
+    HandOff(HandOff),
+    /// A waiter with a place in line now hears every release (the subscription to its own
+    /// channel is confirmed): a hand-off to it before then went unheard, and the lock's key shows
+    /// whether one came (see [`Backend::look`]; where the key is not the server's word, the next
+    /// attempt finds out).
+    Look,
 }
 
 /// What a refusal told the waiter (see [`Attempt::Held`]).
@@ -354,7 +367,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
         token: &Token,
         queues: bool,
         until: Option<Instant>,
-    ) -> BoxFuture<'b, Option<HandOff>> {
+    ) -> BoxFuture<'b, Woken> {
         let nap = if pttl == Some(Duration::ZERO) {
             self.soon.next_delay()
         } else {
@@ -419,7 +432,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             loop {
                 let confirming = w.needed.iter().any(|n| *n > 0) && !w.pending.is_empty();
                 let confirmation = tokio::select! {
-                    () = &mut sleep => return None,
+                    () = &mut sleep => return Woken::Attempt,
                     (told, _, _) = futures_util::future::select_all(
                         w.wakes.iter_mut().map(|h| Box::pin(h.released())),
                     ) => {
@@ -432,7 +445,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                                 tokio::time::sleep_until(at.into()).await;
                             }
                         }
-                        return told;
+                        return told.map_or(Woken::Attempt, Woken::HandOff);
                     }
                     Some(confirmation) = w.pending.next(), if confirming => confirmation,
                 };
@@ -442,7 +455,11 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
                 // costs, for a request fewer.
                 let ends_soon = wake_at.saturating_duration_since(Instant::now()) <= Herd::STARVING;
                 if w.confirmed(backend, names, confirmation) && look_again && !ends_soon {
-                    return None;
+                    return if ticket.is_some() {
+                        Woken::Look
+                    } else {
+                        Woken::Attempt
+                    };
                 }
             }
         })
@@ -624,21 +641,42 @@ pub(crate) async fn acquire(
                     until = until.min(started + Herd::STARVING);
                 }
                 let until = Some(until);
-                let told = tokio::select! {
-                    told = strategy.pause(
-                        Held { pttl, ticket, announced },
-                        &token,
-                        will_queue,
-                        until,
-                    ) => told,
-                    () = caller_gone.raised() => {
-                        return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
+                let mut pttl = pttl;
+                let granted = loop {
+                    let told = tokio::select! {
+                        told = strategy.pause(
+                            Held { pttl, ticket, announced },
+                            &token,
+                            will_queue,
+                            until,
+                        ) => told,
+                        () = caller_gone.raised() => {
+                            return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
+                        }
+                    };
+                    match told {
+                        Woken::HandOff(told) if take_word => {
+                            break handed_to_us(req, settings, &token, told, place);
+                        }
+                        Woken::Look if take_word && !req.fencing => {
+                            let looked = tokio::select! {
+                                looked = look(backend, settings, req, &token) => looked,
+                                () = caller_gone.raised() => {
+                                    return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
+                                }
+                            };
+                            match looked {
+                                Some(Ok(granted)) => break Some(granted),
+                                // Not handed to it: sleep on, bounded by the holder's time to
+                                // live as the look read it, and hear the hand-off now.
+                                Some(Err(left)) => pttl = left,
+                                None => break None,
+                            }
+                        }
+                        _ => break None,
                     }
                 };
-                if let Some(granted) = told
-                    .filter(|_| take_word)
-                    .and_then(|t| handed_to_us(req, settings, &token, t, place))
-                {
+                if let Some(granted) = granted {
                     events::acquired(&req.labels, started.elapsed(), attempts, &granted.fences);
                     break Ok(granted);
                 }
@@ -778,6 +816,38 @@ fn handed_to_us(
         valid_until,
         at: now,
     })
+}
+
+/// A queued waiter's look at its lock's key (see [`Woken::Look`]): `Ok` when a hand-off made it
+/// the holder, valid for the time to live the look read (from when the look was sent);
+/// `Err` with the holder's time to live when not; `None` when the backend cannot tell by a look,
+/// or the look failed: the next attempt finds out.
+async fn look(
+    backend: &Backend,
+    settings: &Settings,
+    req: &Request,
+    token: &Token,
+) -> Option<Result<Granted, Option<Duration>>> {
+    let [name] = &req.names[..] else {
+        return None;
+    };
+    let sent = Instant::now();
+    match backend.look(name, token).await? {
+        Ok(Looked::Ours(left)) => {
+            let valid_until = sent + left.saturating_sub(settings.drift(left));
+            let now = Instant::now();
+            (valid_until > now).then(|| {
+                Ok(Granted {
+                    token: token.clone(),
+                    fences: Vec::new(),
+                    valid_until,
+                    at: now,
+                })
+            })
+        }
+        Ok(Looked::Not(left)) => Some(Err(left)),
+        Err(_) => None,
+    }
 }
 
 fn gone() -> LockError {

@@ -284,13 +284,6 @@ fn server_ms(server: &RedisServer) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-fn zcard(server: &RedisServer, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query(&mut server.admin())
-        .unwrap()
-}
-
 /// 100,000 stale entries in a fair lock's line (waiters that died: leases run out, tickets older
 /// than anyone's) make each script that purges them slow, once. The acquire is still granted
 /// within one response timeout, and so is a release that purges them while 10,000 live waiters
@@ -311,7 +304,7 @@ async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds()
 
     // The acquire purges them.
     queue_fake_waiters(&server, &key, "stale", stale, 1, server_ms(&server) - 1000);
-    assert_eq!(zcard(&server, &queue), stale);
+    assert_eq!(server.zcard(&queue), stale);
     let started = Instant::now();
     let guard = bounded(
         REQUEST_TIMEOUT * 2,
@@ -322,7 +315,7 @@ async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds()
     .expect("fair acquire past a stale line");
     let acquired = started.elapsed();
     assert_eq!(
-        zcard(&server, &queue) + zcard(&server, &leases),
+        server.zcard(&queue) + server.zcard(&leases),
         0,
         "stale entries left"
     );
@@ -368,12 +361,12 @@ async fn a_long_fair_line_of_stale_entries_is_purged_within_the_request_bounds()
         "not handed to the first live waiter"
     );
     assert_eq!(
-        zcard(&server, &queue),
+        server.zcard(&queue),
         live - 1,
         "stale entries left in the line"
     );
     assert_eq!(
-        zcard(&server, &leases),
+        server.zcard(&leases),
         live - 1,
         "stale entries left among the leases"
     );

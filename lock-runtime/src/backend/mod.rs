@@ -29,7 +29,7 @@ pub(crate) use etcd::{etcd_key, etcd_lock_name};
 pub(crate) use memory::InMemory;
 pub use redis::KeyKind;
 pub(crate) use redis::{
-    NodeSource, SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key,
+    Looked, NodeSource, SingleConfig, decode_inspect, inspect_invocation, lock_name_of, redis_key,
     server_fence_key, slot_fence_key,
 };
 pub(crate) use redlock::{Quorum, RedlockConfig, gate_of};
@@ -457,6 +457,20 @@ impl Backend {
     /// never under Redlock.
     pub(crate) fn hand_off_is_a_grant(&self) -> bool {
         self.node_or_quorum().is_ok_and(Node::hand_off_is_a_grant)
+    }
+
+    /// Whether the lock `name` holds `token` now, where a look at the key is the server's word
+    /// (one Redis server, whose hand-off is itself a grant): `None` elsewhere, where a waiter
+    /// asks with an attempt instead.
+    pub(crate) async fn look(
+        &self,
+        name: &str,
+        token: &Token,
+    ) -> Option<Result<Looked, NodeFailure>> {
+        match self {
+            Backend::Redis(node) => Some(node.look_here(name, token).await),
+            _ => None,
+        }
     }
 
     /// What a failure of the whole backend names as its node: the node's address, or `quorum`.

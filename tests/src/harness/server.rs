@@ -239,6 +239,15 @@ impl RedisServer {
         keys
     }
 
+    /// How many members the sorted set `key` holds (`ZCARD`: no script, no `GET`), e.g. a fair
+    /// lock's line.
+    pub fn zcard(&self, key: &str) -> u64 {
+        redis::cmd("ZCARD")
+            .arg(key)
+            .query(&mut self.admin())
+            .unwrap_or_else(|e| panic!("ZCARD {key} on port {} failed: {e}", self.port))
+    }
+
     /// How many times `command` (lowercase, e.g. `evalsha`) ran since start, from `INFO commandstats`.
     pub fn command_calls(&self, command: &str) -> u64 {
         self.command_stat(command, "calls")

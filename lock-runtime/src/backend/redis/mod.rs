@@ -28,7 +28,7 @@ use crate::error::{LockError, NodeFailure};
 use crate::wait::WakeRegistry;
 
 pub(crate) use addr::{NodeAddr, NodeSource};
-pub(crate) use calls::{Calls, decode_inspect, inspect_invocation};
+pub(crate) use calls::{Calls, Looked, decode_inspect, inspect_invocation};
 pub use keys::KeyKind;
 pub(in crate::backend) use keys::hash_tag;
 pub(crate) use keys::{lock_name_of, own_channel, redis_key, server_fence_key, slot_fence_key};
@@ -136,6 +136,14 @@ impl RedisNode {
             conn.answered(&attempt);
             attempt
         }
+    }
+
+    /// Whether the lock `name` holds `token` now (see [`Calls::look`]).
+    pub(crate) async fn look_here(&self, name: &str, token: &Token) -> Result<Looked, NodeFailure> {
+        let conn = self.conn();
+        let looked = self.calls.look(conn.get(), name, token).await;
+        conn.answered(&looked);
+        looked
     }
 
     /// [`Node::release`], unboxed (see [`acquire_here`](Self::acquire_here)).

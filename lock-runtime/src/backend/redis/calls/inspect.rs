@@ -6,10 +6,51 @@ use redis::{Script, ScriptInvocation, Value};
 
 use super::{Calls, Conn};
 use crate::backend::redis::keys::{KeyKind, LockKeys};
-use crate::backend::{NodeHold, scripts};
+use crate::backend::{NodeHold, Token, scripts};
 use crate::error::NodeFailure;
 
+/// What a look at a lock's key found (see [`Calls::look`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Looked {
+    /// The key holds the token, for this much longer.
+    Ours(Duration),
+    /// It does not: the holder's time to live, when the server said (zero: the key is free).
+    Not(Option<Duration>),
+}
+
 impl Calls {
+    /// Whether the lock `name` holds `token` now, and for how long: `GET` and `PTTL` in one
+    /// round trip. What a queued waiter asks once the subscription to its own channel is
+    /// confirmed: a hand-off to it before then went unheard, and shows in the key (the fair
+    /// attempt it asked with before runs about a dozen commands on the server).
+    pub(crate) async fn look<C: Conn>(
+        &self,
+        conn: &C,
+        name: &str,
+        token: &Token,
+    ) -> Result<Looked, NodeFailure> {
+        let keys = self.lock_keys(name);
+        let lock = keys.arg(KeyKind::Lock);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.cmd("GET").arg(&lock).cmd("PTTL").arg(&lock);
+        let mut conn = conn.clone();
+        let (holder, pttl): (Option<Vec<u8>>, i64) =
+            self.bounded("look", pipe.query_async(&mut conn)).await?;
+        let left = match pttl {
+            // Gone between the two commands, or no key: free.
+            -2 => Some(Duration::ZERO),
+            pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
+        };
+        Ok(match (holder, left) {
+            (Some(holder), Some(left))
+                if holder == token.as_str().as_bytes() && !left.is_zero() =>
+            {
+                Looked::Ours(left)
+            }
+            (_, left) => Looked::Not(left),
+        })
+    }
+
     pub(crate) async fn inspect<C: Conn>(
         &self,
         conn: &C,

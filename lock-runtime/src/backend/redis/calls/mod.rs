@@ -11,7 +11,7 @@ mod extend;
 mod inspect;
 mod native;
 
-pub(crate) use inspect::{decode_inspect, inspect_invocation};
+pub(crate) use inspect::{Looked, decode_inspect, inspect_invocation};
 
 use super::keys::{KeyKind, LockKeys, redis_keys, server_fence_key, slot_fence_key};
 use super::native::{Known, NativeCommands};
