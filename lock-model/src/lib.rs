@@ -31,7 +31,7 @@
 //!   and marks the flag for its lease (`mark_waiting`); its pause is bounded by the holder's
 //!   `PTTL`, or, the key free, by the head's lease. A default lock's waiter starves from its
 //!   second attempt ("refused once" stands for `Herd::STARVING`), and not while an attempt's
-//!   outcome is unknown (`acquire.rs`, `unproven`). The code's plain attempts in between, a
+//!   outcome is unknown (`acquire/`, `unproven`). The code's plain attempts in between, a
 //!   young waiter's answers to wake-ups, are this step early: one that loses the race marks
 //!   nothing (`Ask::marks`), since the waiter then hears no release until its threshold, which
 //!   bounds that pause as the backoff bounds any other (see "No lost wake-up").
@@ -49,12 +49,12 @@
 //! - **Messages** ([`Message`], `pubsub.rs`, `wait.rs`): a wake-up reaches every client that
 //!   is waiting (subscribed: the real waiter looks again once its subscription is confirmed, so
 //!   a release before that is as good as heard; on one Redis server an unfenced queued waiter's
-//!   look is `GET` and `PTTL`, `acquire.rs` `look`: the key holding its token is the hand-off it
+//!   look is `GET` and `PTTL`, `acquire/` `look`: the key holding its token is the hand-off it
 //!   missed, valid for the time to live read, as the attempt's `holder == token` grants; a free
 //!   key reads `PTTL` -2, and the attempt that follows at once takes it as the look-again
 //!   attempt did; elsewhere the look is an attempt); messages may come late, never
 //!   ([`Action::LoseMessage`]) or twice ([`Action::Read`] `twice`).
-//! - **The client** (`acquire.rs`): a grant's validity is its attempt's start plus the ttl; an
+//! - **The client** (`acquire/`): a grant's validity is its attempt's start plus the ttl; an
 //!   answer may be lost ([`Action::LoseAnswer`]; the client times out, [`Action::TimeOut`], the
 //!   outcome unknown, and asks again with the same token: the first request may still run). A
 //!   hand-off is a grant only unfenced (`handed_to_us`: a fenced waiter needs a token, which

@@ -1,5 +1,5 @@
 //! What happened to an acquisition, as tracing events and (feature `metrics`) metrics.
-//! `acquire.rs` and `hold.rs` decide the outcomes; this file only reports them. Lock tokens and
+//! `acquire/` and `hold.rs` decide the outcomes; this file only reports them. Lock tokens and
 //! passwords never appear here.
 //!
 //! Levels: `warn` for what needs a person (a lock lost while held, `max_hold` passed, a forced

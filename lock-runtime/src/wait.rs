@@ -1,5 +1,6 @@
 //! The pieces of waiting for a held lock: the per-client registry that release notifications wake,
-//! and the jittered backoff between attempts. The strategy that combines them is in `acquire.rs`.
+//! and the jittered backoff between attempts. The strategy that combines them is in
+//! `acquire/waiting.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -370,7 +370,7 @@ async fn client_kill_of_the_notification_connection_does_not_strand_a_waiter() {
 }
 
 /// How long a waiter of a default lock lets newcomers barge in before it takes a place in the
-/// lock's queue (the library's threshold, `Herd::STARVING` in `acquire.rs`).
+/// lock's queue (the library's threshold, `Herd::STARVING` in `acquire/waiting.rs`).
 const STARVING: Duration = Duration::from_millis(10);
 
 /// A holder that takes its lock again as soon as it lets go (a loop with a 50 ms section) still

@@ -383,7 +383,7 @@ async fn a_campaigner_that_shut_down_is_never_reported_leader() {
 }
 
 /// The lease of the place in line of a waiter that queued when it starved (a campaign always
-/// does): `Herd::STARVING_LEASE` in `acquire.rs`, renewed at least three times per lease.
+/// does): `Herd::STARVING_LEASE` in `acquire/waiting.rs`, renewed at least three times per lease.
 const PLACE_LEASE: Duration = Duration::from_secs(3);
 
 /// A campaigner SIGKILLed while it waits with a place in the election's line: nothing takes

@@ -125,7 +125,7 @@ pub(crate) trait Node: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Whether a waiter of an exclusive lock of one key that has waited past its threshold (see
-    /// `acquire.rs`, [`Ask::starving`]) takes a place in the lock's fair queue, which the lock's
+    /// `acquire/`, [`Ask::starving`]) takes a place in the lock's fair queue, which the lock's
     /// next release then honours by handing it the lock (Redis: `scripts::EXCLUSIVE_RELEASE`).
     fn queues_starving_waiters(&self) -> bool {
         false
@@ -244,17 +244,17 @@ pub(crate) struct Ask {
     /// How long a place in a fair queue taken or renewed by this attempt lives unless the next
     /// attempt renews it, at most `ttl`: a lock handed to the place lives the rest of it. `ttl`
     /// for a fair waiter; shorter for a default lock's waiter that queues because it starves
-    /// (see `acquire.rs`), so that one that dies there holds up the lock less.
+    /// (see `acquire/`), so that one that dies there holds up the lock less.
     pub(crate) lease: Duration,
-    /// A waiter of a default (exclusive, one key) lock past its threshold (see `acquire.rs`):
+    /// A waiter of a default (exclusive, one key) lock past its threshold (see `acquire/`):
     /// a node that can (see [`Node::queues_starving_waiters`]) asks as a fair waiter does, which
     /// gives it a place in the lock's queue.
     pub(crate) starving: bool,
     /// A refused caller that waits marks the lock waited for (the flag that makes a release
     /// wake its waiters; see `scripts::EXCLUSIVE_RELEASE`). False for a waiter that answered a
     /// release's wake-up and lost the race for it: it then listens to no release until it
-    /// starves (see `acquire.rs`, `Herd`), so a mark would only make the next release wake the
-    /// others for nothing.
+    /// starves (see `acquire/waiting.rs`, `Herd`), so a mark would only make the next release
+    /// wake the others for nothing.
     pub(crate) marks: bool,
 }
 

@@ -477,7 +477,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// refused waiter sets (until its next attempt: see `Calls::acquire_plain`), and a release deletes
 /// with the lock, in one `DEL`: when it was not there (the common case) the release is `GET` and
 /// `DEL`, the hand-written lock's. When it was, a waiter that waited past its threshold may have
-/// a place in the lock's queue (as a fair waiter does, see `acquire.rs`), and while the queue is
+/// a place in the lock's queue (as a fair waiter does, see `acquire/`), and while the queue is
 /// not empty this is [`FAIR_RELEASE`]: the lock goes to the first live waiter, only that waiter
 /// is told, withdrawal or not, and the flag stays as long as the handed lock or a place in line
 /// does. Otherwise every waiter is woken, and each refused one sets the flag again. A withdrawal

@@ -7,7 +7,7 @@
 //! cluster and across leader changes, and every grant has its own.
 //!
 //! Each step of the protocol is told on the function that takes it: acquiring on `Inner::acquire`
-//! (`acquire.rs`, and `kinds::attempt` for fair, shared and permit locks), renewing on
+//! (`acquire/`, and `kinds::attempt` for fair, shared and permit locks), renewing on
 //! `Inner::extend_many` (`node.rs`), releasing on `Inner::release` and `Inner::keep`
 //! (`release.rs`), waiting on `Inner::subscribe` (`watch.rs`), inspecting and forcing a release on
 //! `Inner::read_lock` (`node.rs`), and choosing the member a request goes to on `Inner::call`
