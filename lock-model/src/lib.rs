@@ -48,11 +48,11 @@
 //!   published, the flag is not read.
 //! - **Messages** ([`Message`], `pubsub.rs`, `wait.rs`): a wake-up reaches every client that
 //!   is waiting (subscribed: the real waiter looks again once its subscription is confirmed, so
-//!   a release before that is as good as heard; on one Redis server an unfenced queued waiter's
-//!   look is `GET` and `PTTL`, `acquire/` `look`: the key holding its token is the hand-off it
-//!   missed, valid for the time to live read, as the attempt's `holder == token` grants; a free
-//!   key reads `PTTL` -2, and the attempt that follows at once takes it as the look-again
-//!   attempt did; elsewhere the look is an attempt); messages may come late, never
+//!   a release before that is as good as heard; on one Redis server a queued waiter's look-again
+//!   is `GET` and `PTTL`, `acquire/` `look`, and the attempt follows at once only when the key
+//!   holds its token, the hand-off it missed, or is free (`PTTL` -2): the states in which the
+//!   look-again attempt grants still grant, by that attempt; elsewhere the look-again is the
+//!   attempt); messages may come late, never
 //!   ([`Action::LoseMessage`]) or twice ([`Action::Read`] `twice`).
 //! - **The client** (`acquire/`): a grant's validity is its attempt's start plus the ttl; an
 //!   answer may be lost ([`Action::LoseAnswer`]; the client times out, [`Action::TimeOut`], the

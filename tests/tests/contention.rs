@@ -545,9 +545,10 @@ async fn a_queued_waiter_looks_at_the_key_instead_of_asking_again() {
 }
 
 /// A hand-off that comes before the queued waiter's subscription to its own channel is
-/// confirmed goes unheard: the waiter's look at the key finds the lock its own, and it holds the
-/// lock, renewed, past the lease the hand-off gave it. The proxy slows the waiter's link so that
-/// its subscription reaches the server only after the holder's release.
+/// confirmed goes unheard: the waiter's look at the key finds its token there, and the attempt
+/// that follows takes the lock (a grant comes from an attempt's answer), which it holds,
+/// renewed, past the lease the hand-off gave. The proxy slows the waiter's link so that its
+/// subscription reaches the server only after the holder's release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_before_the_waiters_subscription_is_found_by_its_look() {
     const DELAY: Duration = Duration::from_millis(150);
@@ -598,9 +599,9 @@ async fn a_hand_off_before_the_waiters_subscription_is_found_by_its_look() {
         publishes + 1,
         "the hand-off was published"
     );
-    // The answer reaches it, its subscription goes and is confirmed, and its look goes and
-    // comes back: six trips over the slowed link.
-    let guard = bounded(6 * DELAY + SCHEDULING_SLACK, "the waiter's look", waiting)
+    // The answer reaches it, its subscription goes and is confirmed, its look and then its
+    // attempt go and come back: eight trips over the slowed link.
+    let guard = bounded(8 * DELAY + SCHEDULING_SLACK, "the waiter's look", waiting)
         .await
         .unwrap()
         .unwrap();
@@ -616,7 +617,11 @@ async fn a_hand_off_before_the_waiters_subscription_is_found_by_its_look() {
         .filter(|s| &s.client == theirs)
         .map(|s| s.command.as_str())
         .collect();
-    assert_eq!(asked, ["evalsha", "get", "pttl"], "the waiter's requests");
+    assert_eq!(
+        asked,
+        ["evalsha", "get", "pttl", "evalsha"],
+        "the waiter's requests"
+    );
     if tokio::time::timeout(TTL + DELAY, guard.lost())
         .await
         .is_ok()

@@ -229,18 +229,20 @@ pub(crate) async fn acquire(
                         Woken::HandOff(told) if take_word => {
                             break handed_to_us(req, settings, &token, told, place);
                         }
-                        Woken::Look if take_word && !req.fencing => {
+                        Woken::Look => {
                             let looked = tokio::select! {
-                                looked = look(backend, settings, req, &token) => looked,
+                                looked = look(backend, req, &token) => looked,
                                 () = caller_gone.raised() => {
                                     return Ended { result: Err(gone()), unsure: unsure.then_some(token) };
                                 }
                             };
                             match looked {
-                                Some(Ok(granted)) => break Some(granted),
                                 // Not handed to it: sleep on, bounded by the holder's time to
                                 // live as the look read it, and hear the hand-off now.
-                                Some(Err(left)) => pttl = left,
+                                Some(left) => pttl = left,
+                                // Handed to it before it could hear (the attempt that follows at
+                                // once takes it: a grant comes from an attempt's answer), or no
+                                // look here.
                                 None => break None,
                             }
                         }
@@ -389,35 +391,17 @@ fn handed_to_us(
     })
 }
 
-/// A queued waiter's look at its lock's key (see [`Woken::Look`]): `Ok` when a hand-off made it
-/// the holder, valid for the time to live the look read (from when the look was sent);
-/// `Err` with the holder's time to live when not; `None` when the backend cannot tell by a look,
-/// or the look failed: the next attempt finds out.
-async fn look(
-    backend: &Backend,
-    settings: &Settings,
-    req: &Request,
-    token: &Token,
-) -> Option<Result<Granted, Option<Duration>>> {
+/// A queued waiter's look at its lock's key (see [`Woken::Look`]): the holder's time to live
+/// when the key does not hold `token` (the waiter sleeps on); `None` when it does (a hand-off it
+/// did not hear), when the backend cannot tell by a look, or when the look failed: then the
+/// next attempt, at once, takes the lock or finds out.
+async fn look(backend: &Backend, req: &Request, token: &Token) -> Option<Option<Duration>> {
     let [name] = &req.names[..] else {
         return None;
     };
-    let sent = Instant::now();
     match backend.look(name, token).await? {
-        Ok(Looked::Ours(left)) => {
-            let valid_until = sent + left.saturating_sub(settings.drift(left));
-            let now = Instant::now();
-            (valid_until > now).then(|| {
-                Ok(Granted {
-                    token: token.clone(),
-                    fences: Vec::new(),
-                    valid_until,
-                    at: now,
-                })
-            })
-        }
-        Ok(Looked::Not(left)) => Some(Err(left)),
-        Err(_) => None,
+        Ok(Looked::Not(left)) => Some(left),
+        Ok(Looked::Ours) | Err(_) => None,
     }
 }
 

@@ -42,8 +42,8 @@ pub(crate) enum Woken {
     HandOff(HandOff),
     /// A waiter with a place in line now hears every release (the subscription to its own
     /// channel is confirmed): a hand-off to it before then went unheard, and the lock's key shows
-    /// whether one came (see [`Backend::look`]; where the key is not the server's word, the next
-    /// attempt finds out).
+    /// whether one came (see [`Backend::look`]); the attempt that takes it follows only then
+    /// (where there is no look, the next attempt finds out).
     Look,
 }
 

@@ -459,9 +459,8 @@ impl Backend {
         self.node_or_quorum().is_ok_and(Node::hand_off_is_a_grant)
     }
 
-    /// Whether the lock `name` holds `token` now, where a look at the key is the server's word
-    /// (one Redis server, whose hand-off is itself a grant): `None` elsewhere, where a waiter
-    /// asks with an attempt instead.
+    /// On one Redis server, whether the lock `name` holds `token` now (see `Calls::look`);
+    /// `None` elsewhere, where a waiter asks with an attempt instead.
     pub(crate) async fn look(
         &self,
         name: &str,

@@ -596,6 +596,10 @@ impl LockStore for EtcdStore {
         None
     }
 
+    fn command_calls(&self, _command: &str) -> Option<u64> {
+        None
+    }
+
     /// 2 s: a renewal is a keepalive and a read each committed by fsyncing members (on three
     /// members under load, a renewal that must land within a few hundred milliseconds makes a
     /// flake, not a finding).

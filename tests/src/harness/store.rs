@@ -32,6 +32,9 @@ pub trait LockStore: Send + Sync + std::fmt::Debug {
     /// The lock scripts run here so far (one per lock operation on a Redis node), or `None` where
     /// locks are no scripts.
     fn script_calls(&self) -> Option<u64>;
+    /// How many times `command` (lowercase) ran here so far, those scripts ran included, or
+    /// `None` where locks are no Redis commands.
+    fn command_calls(&self, command: &str) -> Option<u64>;
     /// Whether a master can be replaced (Sentinel, Cluster): the client then confirms a fair
     /// hand-off's message with the current master (one acquire call per hand-off).
     fn fails_over(&self) -> bool {
@@ -109,6 +112,10 @@ impl<T: RedisStore> LockStore for T {
 
     fn lock_requests(&self) -> u64 {
         LOCK_COMMANDS.iter().map(|c| self.command_calls(c)).sum()
+    }
+
+    fn command_calls(&self, command: &str) -> Option<u64> {
+        Some(RedisStore::command_calls(self, command))
     }
 
     fn script_calls(&self) -> Option<u64> {

@@ -22,6 +22,8 @@ pub(crate) struct Fx {
     pub(crate) b: LockClient,
     /// What `a` and `b` were made from, for a check that needs a client of its own.
     config: LockConfig,
+    /// One Redis server: a queued waiter looks at the key where elsewhere it asks again.
+    one_server: bool,
     /// None in memory, one node, the Redlock masters, or one shared topology.
     pub(crate) nodes: Vec<Box<dyn LockStore>>,
 }
@@ -35,11 +37,15 @@ impl Fx {
         reason = "the shared topologies' fixtures use `on`, the etcd ones `Fx::etcd`"
     )]
     pub(crate) fn new(config: LockConfig, nodes: Vec<RedisServer>) -> Fx {
+        let one_server = nodes.len() == 1;
         let stores = nodes
             .into_iter()
             .map(|n| Box::new(n) as Box<dyn LockStore>)
             .collect();
-        Self::on(config, stores)
+        Fx {
+            one_server,
+            ..Self::on(config, stores)
+        }
     }
 
     /// [`new`](Self::new) over stores of any topology.
@@ -55,6 +61,7 @@ impl Fx {
             a,
             b,
             config,
+            one_server: false,
             nodes,
         }
     }
@@ -74,6 +81,7 @@ impl Fx {
             a: LockClient::new(config.clone()).unwrap(),
             b: LockClient::new(config.clone()).unwrap(),
             config,
+            one_server: false,
             nodes: vec![Box::new(lock_tests::EtcdStore::new(cluster, proxy))],
         }
     }
@@ -217,6 +225,21 @@ impl Fx {
             .iter()
             .filter_map(|node| node.script_calls())
             .sum()
+    }
+
+    /// How many times `command` ran on the stores (those scripts ran included; 0 where locks are
+    /// no Redis commands).
+    pub(crate) fn command_calls(&self, command: &str) -> u64 {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.command_calls(command))
+            .sum()
+    }
+
+    /// One Redis server, where a queued waiter whose subscription is confirmed looks at the
+    /// lock's key (`GET` and `PTTL`) instead of asking again with an attempt.
+    pub(crate) fn one_server(&self) -> bool {
+        self.one_server
     }
 
     /// Whether the stores run lock scripts, which [`script_calls`](Self::script_calls) counts.

@@ -12,17 +12,18 @@ use crate::error::NodeFailure;
 /// What a look at a lock's key found (see [`Calls::look`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Looked {
-    /// The key holds the token, for this much longer.
-    Ours(Duration),
+    /// The key holds the token.
+    Ours,
     /// It does not: the holder's time to live, when the server said (zero: the key is free).
     Not(Option<Duration>),
 }
 
 impl Calls {
-    /// Whether the lock `name` holds `token` now, and for how long: `GET` and `PTTL` in one
-    /// round trip. What a queued waiter asks once the subscription to its own channel is
-    /// confirmed: a hand-off to it before then went unheard, and shows in the key (the fair
-    /// attempt it asked with before runs about a dozen commands on the server).
+    /// Whether the lock `name` holds `token` now, and if not, the holder's time to live: `GET`
+    /// and `PTTL` in one round trip. What a queued waiter asks once the subscription to its own
+    /// channel is confirmed: a hand-off to it before then went unheard, and shows in the key (the
+    /// fair attempt it asked with before runs about a dozen commands on the server; it now
+    /// follows only when the key holds its token, and takes the lock).
     pub(crate) async fn look<C: Conn>(
         &self,
         conn: &C,
@@ -41,13 +42,9 @@ impl Calls {
             -2 => Some(Duration::ZERO),
             pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
         };
-        Ok(match (holder, left) {
-            (Some(holder), Some(left))
-                if holder == token.as_str().as_bytes() && !left.is_zero() =>
-            {
-                Looked::Ours(left)
-            }
-            (_, left) => Looked::Not(left),
+        Ok(match holder {
+            Some(holder) if holder == token.as_str().as_bytes() => Looked::Ours,
+            _ => Looked::Not(left),
         })
     }
 
