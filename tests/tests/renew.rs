@@ -130,6 +130,41 @@ async fn a_slow_acquire_still_renews_before_its_deadline() {
     guard.release().await.expect("still ours");
 }
 
+/// A client's first lock over a slow link (300 ms round trip, default timeouts: 500 ms per
+/// response) stays held: its first renewal does not also pay for making the renewal connection
+/// and loading the extension script (four round trips, past the lock's validity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_clients_first_lock_over_a_slow_link_is_renewed_in_time() {
+    const DELAY: Duration = Duration::from_millis(150);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    proxy.set_delay(DELAY);
+    let locks = client(LockConfig::single(proxy.url()));
+    let ttl = Duration::from_secs(2);
+    let started = Instant::now();
+    let guard = locks
+        .lock(unique_key("life:cold"))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    eprintln!(
+        "first acquire over a 300ms round trip took {:?}",
+        started.elapsed()
+    );
+    // Three ttls: the first renewal and the ones after it were confirmed in time.
+    if tokio::time::timeout(3 * ttl, guard.lost()).await.is_ok() {
+        panic!(
+            "lost {:?} after a cold client's first acquire (ttl {ttl:?}, round trip 300ms)",
+            started.elapsed()
+        );
+    }
+    let renewals = server.command_calls("evalsha") + server.command_calls("set");
+    assert!(renewals >= 4, "renewed {renewals} times in three ttls");
+    proxy.set_delay(Duration::ZERO);
+    guard.release().await.expect("still ours");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_bad_item_in_a_renewal_batch_fails_only_itself() {
     let server = RedisServer::start();

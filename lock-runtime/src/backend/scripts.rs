@@ -245,15 +245,17 @@ local function permits_of(k)
 end
 ";
 
-/// The bit of a let-go script (a release or a keep: see `Calls::let_go`) in a set of loaded
-/// scripts; 0 for any other script, which is then never counted as loaded.
+/// The bit of a let-go script (a release or a keep: see `Calls::let_go`) or an extension (a
+/// renewal, whose first one must not pay for loading it: see `Calls::extend_chunk`) in a set
+/// of loaded scripts; 0 for any other script, which is then never counted as loaded.
 pub(crate) fn let_go_bit(script: &Script) -> u32 {
-    let let_go: [&Script; 5] = [
+    let let_go: [&Script; 6] = [
         &RELEASE,
         &EXCLUSIVE_RELEASE,
         &FAIR_RELEASE,
         &SHARED_RELEASE,
         &EXTEND,
+        &SHARED_EXTEND,
     ];
     let_go
         .iter()

@@ -53,6 +53,24 @@ impl Calls {
         let native = |item: &ExtendItem<'_>| {
             set_ifeq && matches!(item.mode, Mode::Exclusive | Mode::Fair) && item.names.len() == 1
         };
+        let script = |item: &ExtendItem<'_>| match item.mode {
+            Mode::Exclusive | Mode::Fair => &*scripts::EXTEND,
+            Mode::Shared | Mode::Permits(_) => &*scripts::SHARED_EXTEND,
+        };
+        // The scripts this server has not answered since its last failure are loaded in the same
+        // write: a client's first renewal (or the first after a restart) then costs one round
+        // trip, not three (`NOSCRIPT`, the load, the call again), which on a slow link can take
+        // longer than the lock has left.
+        let used = chunk
+            .iter()
+            .filter(|item| !native(item))
+            .fold(0, |bits, item| bits | scripts::let_go_bit(script(item)));
+        let load = self.unloaded(used);
+        for extension in [&*scripts::EXTEND, &*scripts::SHARED_EXTEND] {
+            if load & scripts::let_go_bit(extension) != 0 {
+                pipe.load_script(extension).ignore();
+            }
+        }
         for item in chunk {
             if native(item) {
                 let token = item.token.as_str();
@@ -65,10 +83,7 @@ impl Calls {
                     .arg(millis(item.ttl));
                 continue;
             }
-            let mut invocation = match item.mode {
-                Mode::Exclusive | Mode::Fair => scripts::EXTEND.prepare_invoke(),
-                Mode::Shared | Mode::Permits(_) => scripts::SHARED_EXTEND.prepare_invoke(),
-            };
+            let mut invocation = script(item).prepare_invoke();
             for name in item.names {
                 invocation.key(self.lock_keys(name).of(KeyKind::Lock));
             }
@@ -106,6 +121,7 @@ impl Calls {
                 Err(failure) => Err(failure),
             };
         }
+        self.note_loaded(used, replies.as_ref().map(drop));
         // With `min_replicas`, the last reply is WAIT's count: too few acknowledgements turn
         // every extension of the chunk into a failed (retried) one.
         let short = match (&mut replies, self.replicas) {

@@ -51,9 +51,9 @@ pub(crate) struct Calls {
     /// With `min_replicas`, the connections grants and renewals (which end in `WAIT`) run on,
     /// one each; `None`: on the shared one (a cluster connection, which routes by slot).
     pub(super) waits: Option<WaitPool>,
-    /// The let-go scripts (see [`Calls::let_go`]) this server answered since its last failure,
-    /// one bit each ([`scripts::let_go_bit`]); `None` through a cluster connection, which routes
-    /// a `SCRIPT LOAD` apart from the call it should precede.
+    /// The let-go scripts (see [`Calls::let_go`]) and extension scripts this server answered
+    /// since its last failure, one bit each ([`scripts::let_go_bit`]); `None` through a cluster
+    /// connection, which routes a `SCRIPT LOAD` apart from the call it should precede.
     let_go_loaded: Option<AtomicU32>,
     /// Whether a starving waiter of a plain lock asks as a fair waiter (see [`Ask::starving`]):
     /// no more once the server refused the fair queue's commands (an ACL without them).
@@ -145,10 +145,7 @@ impl Calls {
     ) -> Result<i64, NodeFailure> {
         let mut conn = conn.clone();
         let bit = scripts::let_go_bit(call.script);
-        let preload = self
-            .let_go_loaded
-            .as_ref()
-            .is_some_and(|loaded| loaded.load(Ordering::Acquire) & bit == 0);
+        let preload = self.unloaded(bit) != 0;
         let loaded_with = |call: &ScriptCall| {
             let mut pipe = redis::pipe();
             pipe.load_script(call.script)
@@ -170,13 +167,28 @@ impl Calls {
                 reply => reply,
             }
         };
+        self.note_loaded(bit, reply.as_ref().map(drop));
+        reply
+    }
+
+    /// Which of `bits` (scripts, see [`scripts::let_go_bit`]) this server has not answered
+    /// since its last failure: a call of them loads them in the same write. None through a
+    /// cluster connection.
+    fn unloaded(&self, bits: u32) -> u32 {
+        self.let_go_loaded
+            .as_ref()
+            .map_or(0, |loaded| bits & !loaded.load(Ordering::Acquire))
+    }
+
+    /// Notes how a call of the scripts `bits` went: answered, they are loaded; no answer, or a
+    /// broken connection, and the server may come back without its scripts (restarted behind a
+    /// reconnect): they are all loaded again with the next calls.
+    fn note_loaded(&self, bits: u32, reply: Result<(), &NodeFailure>) {
         if let Some(loaded) = &self.let_go_loaded {
-            match &reply {
-                Ok(_) => {
-                    loaded.fetch_or(bit, Ordering::AcqRel);
+            match reply {
+                Ok(()) => {
+                    loaded.fetch_or(bits, Ordering::AcqRel);
                 }
-                // No answer, or a broken connection: the server may come back without its
-                // scripts (restarted behind a reconnect). Load them again with the next calls.
                 Err(failure) if failure.kind.may_have_applied() => {
                     loaded.store(0, Ordering::Release);
                     self.forget_native();
@@ -184,7 +196,6 @@ impl Calls {
                 Err(_) => {}
             }
         }
-        reply
     }
 
     /// Runs `invocation` and, with `min_replicas`, `WAIT` behind it in one pipeline on one
