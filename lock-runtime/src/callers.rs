@@ -47,6 +47,13 @@ impl Caller {
     pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
+
+    /// Counts the runtime as shut down from now on, before the task that says so is dropped
+    /// with the others: a task of the runtime that never ends by itself was dropped unfinished,
+    /// which only the runtime's shutdown does. Its connections are then no longer handed out.
+    pub(crate) fn shutting_down(&self) {
+        self.alive.store(false, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Caller {

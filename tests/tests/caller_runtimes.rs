@@ -438,3 +438,66 @@ fn a_redlock_cleanup_of_a_call_whose_runtime_shut_down_does_not_overtake_its_acq
         REDLOCK_ORPHAN_ROUNDS,
     );
 }
+
+/// A Redlock call is decided before every node answered: the parts still running (here on a
+/// frozen node, the acquire's bytes in its socket) go on as a task on the caller's runtime. When
+/// that runtime shuts down before the node answers, they are handed to the library's runtime and
+/// end as they would have: the acquire was refused (two nodes held by another), so its late
+/// grant on the frozen node is withdrawn, over the shared connection, not left for its ttl.
+#[test]
+fn a_decided_redlock_calls_parts_outlive_the_callers_runtime() {
+    let masters = RedisMasters::start(3);
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    let timeout = Duration::from_millis(300);
+    let client = LockClient::new(
+        LockConfig::redlock(masters.urls())
+            .connect_timeout(timeout)
+            .response_timeout(timeout),
+    )
+    .unwrap();
+    let runtime = multi_thread();
+    let own = own_connections(&nodes, &client, &runtime);
+    let frozen = nodes[2];
+    let own_port = frozen.client_port(own[2]).unwrap();
+    let shared_port = shared_ports(&[frozen])[0];
+    let key = unique_key("callers:decided");
+    let lock = lock_tests::lock_keys(&key).lock;
+    for held in &nodes[..2] {
+        let _: () = redis::cmd("SET")
+            .arg(&lock)
+            .arg("another")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut held.admin())
+            .unwrap();
+    }
+    let sets = frozen.command_calls("set");
+    frozen.freeze();
+    let refused = runtime.block_on(
+        client
+            .lock(&key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::ZERO)
+            .acquire(),
+    );
+    assert!(
+        matches!(refused, Err(LockError::Contended { .. })),
+        "held by another on two nodes of three: {refused:?}"
+    );
+    assert!(
+        frozen.unread_from(own_port) > 0,
+        "the acquire's bytes wait in the frozen node's socket"
+    );
+    drop(runtime);
+    wait_until(SETTLE, "the withdrawal reached the frozen node", || {
+        frozen.unread_from(shared_port) > 0
+    });
+    frozen.thaw();
+    wait_until(SETTLE, "the late acquire ran", || {
+        frozen.command_calls("set") > sets
+    });
+    // The withdrawal was read after the acquire: by the time the acquire ran, it is one read away.
+    wait_until(SCHEDULING_SLACK, "the late grant is withdrawn", || {
+        !lock_tests::key_exists(frozen, &lock)
+    });
+}

@@ -2,7 +2,9 @@
 //! nodes: polled by the call until the decision, then run to the end in the background.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
 
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -11,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{BoxFuture, Token};
-use crate::callers::{self, Routed};
+use crate::callers::{self, Caller, Routed};
 use crate::error::NodeFailure;
 use crate::signal::Signal;
 
@@ -126,10 +128,17 @@ impl Drop for OpEntry {
 /// does, instead of handing each over to the library's runtime and back. Once decided (or if the
 /// call stops waiting for it), the parts still running go on as a task of `tasks`, with the call's
 /// route: a frozen minority never holds up the caller, and no part is cut off halfway.
+///
+/// That task runs where the call ran: on the caller's runtime when the call has one (see
+/// [`Rest`]), else on the runtime whose context the call entered. On the library's runtime
+/// instead, each decided call would wake that runtime's thread twice (the task's spawn, and its
+/// nodes' replies, read on the caller's connections), and free there what the caller's threads
+/// allocated.
 pub(super) struct Fanout {
     pub(super) running: FuturesUnordered<BoxFuture<'static, ()>>,
     pub(super) tasks: TaskTracker,
-    /// The runtime the rest runs on: the one whose context the call entered.
+    /// The runtime whose context the call entered (the library's, for a caller's call): the
+    /// rest is polled in it, and runs on it when the call has no runtime of its own.
     pub(super) runtime: Option<Handle>,
 }
 
@@ -170,14 +179,71 @@ impl Drop for Fanout {
             return;
         }
         let mut running = std::mem::take(&mut self.running);
+        let route = callers::current();
+        let caller = route
+            .as_ref()
+            .map(|route| route.caller())
+            .filter(|caller| caller.is_alive())
+            .cloned();
         let rest = Routed {
-            route: callers::current(),
-            work: Box::pin(async move { while running.next().await.is_some() {} }),
+            route,
+            work: Box::pin(async move { while running.next().await.is_some() {} })
+                as BoxFuture<'static, ()>,
         };
         // Always set: the nodes' requests are bounded by tokio's timers, so the call runs in a
         // runtime's context.
-        if let Some(runtime) = &self.runtime {
-            self.tasks.spawn_on(rest, runtime);
+        let Some(runtime) = &self.runtime else { return };
+        match caller {
+            Some(caller) => {
+                let handle = caller.handle().clone();
+                let rest = Rest {
+                    rest: Some(rest),
+                    context: runtime.clone(),
+                    tasks: self.tasks.clone(),
+                    caller,
+                };
+                self.tasks.spawn_on(rest, &handle);
+            }
+            None => {
+                self.tasks.spawn_on(rest, runtime);
+            }
+        }
+    }
+}
+
+/// The parts of a decided call that are still running, as a task on the caller's runtime:
+/// polled in the context the call entered (timers and spawns as when the call polled them), and
+/// handed over to that context's runtime when dropped unfinished (the caller's runtime shuts
+/// down), so that no part is cut off halfway. The caller then counts as gone at once: the parts'
+/// later requests (a withdrawal) go over the shared connections, not the runtime's, whose tasks
+/// are being dropped with this one.
+struct Rest {
+    rest: Option<Routed<BoxFuture<'static, ()>>>,
+    context: Handle,
+    tasks: TaskTracker,
+    caller: Caller,
+}
+
+impl Future for Rest {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let Some(rest) = this.rest.as_mut() else {
+            return Poll::Ready(());
+        };
+        let _context = this.context.enter();
+        ready!(Pin::new(rest).poll(cx));
+        this.rest = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Rest {
+    fn drop(&mut self) {
+        if let Some(rest) = self.rest.take() {
+            self.caller.shutting_down();
+            self.tasks.spawn_on(rest, &self.context);
         }
     }
 }
