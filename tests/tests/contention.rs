@@ -684,3 +684,53 @@ async fn a_hand_off_wakes_only_the_waiter_it_goes_to() {
         "the release channel carried the hand-off's message before the free lock's"
     );
 }
+
+/// A lock's release channel lingers after its last waiter left (a lock contended again soon costs
+/// no `SUBSCRIBE`), and is unsubscribed within two lingers (2 s each): also when it is left while
+/// another channel already lingers, and the waiter leaving it does not wake the task that keeps
+/// the subscriptions (that task already looks again within a linger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_channel_left_while_another_lingers_is_unsubscribed_within_two_lingers() {
+    const LINGER: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let holder = client(LockConfig::single(server.url()));
+    let waiter = client(LockConfig::single(server.url()));
+    let keys = [
+        unique_key("contention:linger"),
+        unique_key("contention:linger"),
+    ];
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(holder.lock(key).acquire().await.unwrap());
+    }
+    let mut left_at = Instant::now();
+    for (key, held) in keys.iter().zip(held) {
+        let waiting = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move { waiter.lock(&key).wait(LINGER).acquire().await })
+        };
+        await_waiter(&server, key).await;
+        held.release().await.unwrap();
+        bounded(LINGER, "the waiter's grant", waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        left_at = Instant::now();
+        // Still subscribed: it lingers (so the first channel lingers while the second is left).
+        assert!(
+            server.subscribers(&lock_keys(key).channel) > 0,
+            "{key}'s channel lingers after its waiter left"
+        );
+    }
+    let channel = lock_keys(&keys[1]).channel;
+    wait_until_async(
+        2 * LINGER + SCHEDULING_SLACK,
+        "the second release channel is unsubscribed",
+        || server.subscribers(&channel) == 0,
+    )
+    .await;
+    eprintln!("unsubscribed {:?} after it was left", left_at.elapsed());
+}

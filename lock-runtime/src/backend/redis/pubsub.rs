@@ -49,13 +49,23 @@ pub(crate) type OpenPubSub =
 /// per round, whatever the number of waiters, and no waiter ever waits for it (waiters only
 /// learn, through `confirmed`, when their releases can no longer be missed).
 pub(crate) struct Subscriptions {
-    table: Mutex<HashMap<String, Entry>>,
+    table: Mutex<Table>,
     kick: Notify,
     started: OnceLock<()>,
     open: OpenPubSub,
     wakers: Arc<WakeRegistry>,
     connect_timeout: Duration,
     response_timeout: Duration,
+}
+
+/// The channels, and whether the task already looks again within [`LINGER`]: the task and the
+/// waiters read and write both under the same lock.
+#[derive(Default)]
+struct Table {
+    channels: HashMap<String, Entry>,
+    /// Whether the task waits at most [`LINGER`] for its next look (a channel lingers): a
+    /// waiter that leaves a lingering channel then need not wake it.
+    lingering: bool,
 }
 
 struct Entry {
@@ -78,7 +88,7 @@ impl Subscriptions {
         settings: &Settings,
     ) -> Arc<Self> {
         Arc::new(Subscriptions {
-            table: Mutex::new(HashMap::new()),
+            table: Mutex::new(Table::default()),
             kick: Notify::new(),
             started: OnceLock::new(),
             open,
@@ -90,27 +100,36 @@ impl Subscriptions {
 
     /// A waiter's interest in `channel`, the release channel of the lock `name` or a waiter's own
     /// channel of it (see [`own_channel`](super::own_channel)).
+    ///
+    /// The task is woken only when it has something to do: not for a channel that is subscribed
+    /// already (another waiter's, or lingering), which it keeps as long as it is in the table.
     pub(crate) fn watch(self: &Arc<Self>, name: &str, channel: String) -> Subscription {
-        let confirmed = {
+        let (confirmed, subscribed) = {
             let mut table = self.table();
             let lingers = !channel.ends_with('}');
-            let entry = table.entry(channel.clone()).or_insert_with(|| Entry {
-                name: name.into(),
-                waiters: 0,
-                idle_since: None,
-                lingers,
-                confirmed: watch::channel(None).0,
-            });
+            let entry = table
+                .channels
+                .entry(channel.clone())
+                .or_insert_with(|| Entry {
+                    name: name.into(),
+                    waiters: 0,
+                    idle_since: None,
+                    lingers,
+                    confirmed: watch::channel(None).0,
+                });
             entry.waiters += 1;
             entry.idle_since = None;
             if *entry.confirmed.borrow() == Some(false) {
                 // The last try failed: this waiter waits for the next one.
                 entry.confirmed.send_replace(None);
             }
-            entry.confirmed.subscribe()
+            let subscribed = *entry.confirmed.borrow() == Some(true);
+            (entry.confirmed.subscribe(), subscribed)
         };
         self.start();
-        self.kick.notify_one();
+        if !subscribed {
+            self.kick.notify_one();
+        }
         let mut confirmed = confirmed;
         Subscription {
             confirmed: Box::pin(async move {
@@ -131,7 +150,7 @@ impl Subscriptions {
         self.kick.notify_one();
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -152,9 +171,9 @@ impl Subscriptions {
             match push.kind {
                 PushKind::Message | PushKind::SMessage => {
                     if let Some(redis::Value::BulkString(channel)) = push.data.first() {
-                        let name = std::str::from_utf8(channel)
-                            .ok()
-                            .and_then(|c| subs.table().get(c).map(|e| Arc::clone(&e.name)));
+                        let name = std::str::from_utf8(channel).ok().and_then(|c| {
+                            subs.table().channels.get(c).map(|e| Arc::clone(&e.name))
+                        });
                         if let Some(name) = name {
                             let (ticket, hand_off) = match push.data.get(1) {
                                 Some(redis::Value::BulkString(payload)) => hand_off(payload),
@@ -192,12 +211,14 @@ impl Subscriptions {
             let (add, remove) = {
                 let mut table = self.table();
                 let now = Instant::now();
-                table.retain(|_, e| {
+                table.channels.retain(|_, e| {
                     e.waiters > 0
                         || e.idle_since
                             .is_some_and(|idle| now.saturating_duration_since(idle) < LINGER)
                 });
-                lingering = table.values().any(|e| e.waiters == 0);
+                lingering = table.channels.values().any(|e| e.waiters == 0);
+                table.lingering = lingering;
+                let table = &table.channels;
                 let add: Vec<String> = table
                     .iter()
                     .filter(|(c, e)| {
@@ -225,7 +246,7 @@ impl Subscriptions {
                     if ok {
                         subscribed.insert(c.clone());
                     }
-                    if let Some(entry) = table.get(&c) {
+                    if let Some(entry) = table.channels.get(&c) {
                         entry.confirmed.send_replace(Some(ok));
                     }
                 }
@@ -251,20 +272,23 @@ struct Unwatch {
 
 impl Drop for Unwatch {
     fn drop(&mut self) {
-        let last = {
+        // The task must look when the last waiter left: to unsubscribe a channel that does not
+        // linger, or to start looking again within `LINGER` (unless it already does).
+        let kick = {
             let mut table = self.subs.table();
-            match table.get_mut(&self.channel) {
+            let lingering = table.lingering;
+            match table.channels.get_mut(&self.channel) {
                 Some(entry) => {
                     entry.waiters -= 1;
                     if entry.waiters == 0 && entry.lingers {
                         entry.idle_since = Some(Instant::now());
                     }
-                    entry.waiters == 0
+                    entry.waiters == 0 && !(entry.lingers && lingering)
                 }
                 None => false,
             }
         };
-        if last {
+        if kick {
             self.subs.kick.notify_one();
         }
     }
