@@ -1,8 +1,8 @@
 //! Heap allocations per uncontended acquire+release pair, in this process (every thread: the
 //! library's runtime too), counted by dhat's heap profiler: the hand-written loop (`SET NX PX`, then
 //! an `EVALSHA` compare-and-delete, on one `MultiplexedConnection`), this crate on one node
-//! (unfenced, the default, and fenced, each hosted on its own runtime and on the caller's), and in
-//! memory. One task, a key per pair made before counting. A count, not a rate: the machine's noise
+//! (unfenced, the default, and fenced, each hosted on its own runtime and on the caller's), in
+//! memory, and over Redlock's 5 nodes (servers started here). One task, a key per pair made before counting. A count, not a rate: the machine's noise
 //! does not move it, so it is a separate binary from `bench` (whose rates dhat's bookkeeping would
 //! slow down).
 //!
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use lock_runtime::{LockClient, LockConfig};
-use lock_tests::RedisServer;
+use lock_tests::{RedisMasters, RedisServer};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands as _, ExistenceCheck, Script, SetExpiry, SetOptions};
 
@@ -117,6 +117,8 @@ fn main() -> Res<()> {
         .enable_all()
         .build()?;
     let own_server = opts.url.is_none().then(RedisServer::start);
+    // Redlock's row runs on servers of its own.
+    let masters = RedisMasters::start(5);
     let url = match (&opts.url, &own_server) {
         (Some(url), _) => url.clone(),
         (None, Some(server)) => server.url(),
@@ -149,6 +151,10 @@ fn main() -> Res<()> {
             (
                 "lock-runtime, in memory",
                 Pair::Crate(LockClient::new(LockConfig::in_memory())?),
+            ),
+            (
+                "lock-runtime, Redlock over 5 nodes",
+                Pair::Crate(LockClient::new(LockConfig::redlock(masters.urls()))?),
             ),
         ];
         println!(

@@ -166,6 +166,9 @@ impl Quorum {
 
     /// Starts an operation of `token`: one step per node, in node order.
     fn begin(&self, token: &Token) -> Vec<NodeStep> {
+        // The value is written out once, before the clones (the operation's key, and each node's
+        // part), which then share it: not once per node.
+        token.as_str();
         let key = token.clone();
         let signals: NodeSignals = self.nodes.iter().map(|_| NodeSignal::default()).collect();
         let previous = self
