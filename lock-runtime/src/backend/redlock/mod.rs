@@ -20,9 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
-use super::{
-    Ask, Attempt, BoxFuture, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch,
-};
+use super::{Ask, Attempt, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch};
 use crate::error::NodeFailure;
 use crate::wait::WakeRegistry;
 mod config;
@@ -603,8 +601,8 @@ impl Quorum {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
-        self.on_every_node(names, token, move |node, names, token| {
-            Box::pin(async move { node.release(&names, &token, mode, wake).await })
+        self.on_every_node(names, token, move |node, names, token| async move {
+            node.release(&names, &token, mode, wake).await
         })
         .await
     }
@@ -617,20 +615,23 @@ impl Quorum {
         token: &Token,
         left: Duration,
     ) -> Result<bool, Vec<NodeFailure>> {
-        self.on_every_node(names, token, move |node, names, token| {
-            Box::pin(async move { node.keep(&names, &token, left).await })
+        self.on_every_node(names, token, move |node, names, token| async move {
+            node.keep(&names, &token, left).await
         })
         .await
     }
 
     /// Runs `call` (one request that answers whether all the keys were ours) on every node, each
     /// in its own task, and returns once a quorum said "ours" or "not ours".
-    async fn on_every_node(
+    async fn on_every_node<F>(
         &self,
         names: &Names,
         token: &Token,
-        call: impl Fn(Arc<dyn Node>, Names, Token) -> BoxFuture<'static, Result<bool, NodeFailure>>,
-    ) -> Result<bool, Vec<NodeFailure>> {
+        call: impl Fn(Arc<dyn Node>, Names, Token) -> F,
+    ) -> Result<bool, Vec<NodeFailure>>
+    where
+        F: Future<Output = Result<bool, NodeFailure>> + Send + 'static,
+    {
         let (tx, mut replies) = mpsc::unbounded_channel();
         // Each node's part completes even if nobody waits (see `Fanout`).
         let mut parts = Fanout::new(&self.tasks);
