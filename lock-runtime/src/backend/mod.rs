@@ -564,7 +564,7 @@ impl Backend {
         match self {
             Backend::Redis(node) => vec![Arc::clone(node) as Arc<dyn Node>],
             Backend::One(node) => vec![Arc::clone(node)],
-            Backend::Quorum(quorum) => quorum.nodes().to_vec(),
+            Backend::Quorum(quorum) => quorum.nodes(),
         }
     }
 

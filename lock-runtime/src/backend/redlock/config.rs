@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Quorum;
 use crate::backend::redis::{NodeAddr, NodeSource, RedisNode, ValidSingle};
-use crate::backend::{Backend, BackendConfig, BackendKind, Node, ValidBackend};
+use crate::backend::{Backend, BackendConfig, BackendKind, ValidBackend};
 use crate::config::Settings;
 use crate::error::LockError;
 use crate::wait::WakeRegistry;
@@ -68,9 +68,8 @@ impl ValidBackend for ValidRedlock {
         let nodes = self
             .nodes
             .iter()
-            .map(|addr| -> Result<Arc<dyn Node>, LockError> {
-                let node = RedisNode::new(addr, self.field, settings, Arc::clone(&wakers), true)?;
-                Ok(Arc::new(node))
+            .map(|addr| {
+                RedisNode::new(addr, self.field, settings, Arc::clone(&wakers), true).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
         Ok(Backend::Quorum(Quorum::new(nodes, wakers)))

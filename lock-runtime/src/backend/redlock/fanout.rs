@@ -2,12 +2,11 @@
 //! nodes: polled by the call until the decision, then run to the end in the background.
 
 use std::collections::HashMap;
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
-use futures_util::FutureExt;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
@@ -135,41 +134,73 @@ impl Drop for OpEntry {
 /// nodes' replies, read on the caller's connections), and free there what the caller's threads
 /// allocated.
 pub(super) struct Fanout {
-    pub(super) running: FuturesUnordered<BoxFuture<'static, ()>>,
+    pub(super) running: Parts,
     pub(super) tasks: TaskTracker,
     /// The runtime whose context the call entered (the library's, for a caller's call): the
     /// rest is polled in it, and runs on it when the call has no runtime of its own.
     pub(super) runtime: Option<Handle>,
 }
 
+/// The parts still running, polled in place, every one at each wake-up of the task polling
+/// them: a part per node (a handful), so that costs less than a task of its own per part (a
+/// `FuturesUnordered` allocates one for each, and two more of its own).
+#[derive(Default)]
+pub(super) struct Parts(Vec<BoxFuture<'static, ()>>);
+
+impl Parts {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Polls every part once; ready once none is left.
+    fn poll_all(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.0
+            .retain_mut(|part| part.as_mut().poll(cx).is_pending());
+        if self.0.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Future for Parts {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_all(cx)
+    }
+}
+
 impl Fanout {
-    pub(super) fn new(tasks: &TaskTracker) -> Self {
+    pub(super) fn new(tasks: &TaskTracker, nodes: usize) -> Self {
         Fanout {
-            running: FuturesUnordered::new(),
+            running: Parts(Vec::with_capacity(nodes)),
             tasks: tasks.clone(),
             runtime: Handle::try_current().ok(),
         }
     }
 
     pub(super) fn push(&mut self, part: impl Future<Output = ()> + Send + 'static) {
-        self.running.push(Box::pin(part));
+        self.running.0.push(Box::pin(part));
     }
 
     /// The next of `replies`, polling the parts meanwhile; `None` once every sender is gone.
     pub(super) async fn next<T>(&mut self, replies: &mut mpsc::UnboundedReceiver<T>) -> Option<T> {
-        loop {
-            tokio::select! {
-                biased;
-                reply = replies.recv() => return reply,
-                Some(()) = self.running.next(), if !self.running.is_empty() => {}
-            }
+        let running = &mut self.running;
+        tokio::select! {
+            biased;
+            reply = replies.recv() => reply,
+            // Ends only once every part has (and with them every sender but the call's own).
+            () = poll_fn(|cx| running.poll_all(cx)), if !running.is_empty() => replies.recv().await,
         }
     }
 
     /// Ends the parts that are done once the decision is out (kept grants), and lets the others
     /// go on as a task.
     pub(super) fn decided(mut self) {
-        while let Some(Some(())) = self.running.next().now_or_never() {}
+        let waker = Waker::noop();
+        let _ = self.running.poll_all(&mut Context::from_waker(waker));
     }
 }
 
@@ -178,7 +209,7 @@ impl Drop for Fanout {
         if self.running.is_empty() {
             return;
         }
-        let mut running = std::mem::take(&mut self.running);
+        let running = std::mem::take(&mut self.running);
         let route = callers::current();
         let caller = route
             .as_ref()
@@ -187,8 +218,7 @@ impl Drop for Fanout {
             .cloned();
         let rest = Routed {
             route,
-            work: Box::pin(async move { while running.next().await.is_some() {} })
-                as BoxFuture<'static, ()>,
+            work: running,
         };
         // Always set: the nodes' requests are bounded by tokio's timers, so the call runs in a
         // runtime's context.
@@ -218,7 +248,7 @@ impl Drop for Fanout {
 /// later requests (a withdrawal) go over the shared connections, not the runtime's, whose tasks
 /// are being dropped with this one.
 struct Rest {
-    rest: Option<Routed<BoxFuture<'static, ()>>>,
+    rest: Option<Routed<Parts>>,
     context: Handle,
     tasks: TaskTracker,
     caller: Caller,

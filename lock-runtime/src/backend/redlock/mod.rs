@@ -1,5 +1,4 @@
-//! Redlock: a quorum over N independent nodes (any [`Node`]), each running the single-node
-//! operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in
+//! Redlock: a quorum over N independent Redis nodes, each running the single-node operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in
 //! parallel (but a waiter's attempt on a contended lock, which asks the lock's gate node first:
 //! see `gate.rs` and [`Quorum::acquire`]) and the decision is taken as soon as the quorum is won
 //! or can no longer be won: a slow or frozen minority never delays it.
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
+use super::redis::RedisNode;
 use super::{Ask, Attempt, ExtendOutcome, Mode, Names, Node, OwnedExtendItem, Token, Watch};
 use crate::error::NodeFailure;
 use crate::wait::WakeRegistry;
@@ -33,7 +33,8 @@ pub(crate) use gate::gate_of;
 use gate::{GATE_PATIENCE, GateCopy, Memory};
 
 pub(crate) struct Quorum {
-    nodes: Vec<Arc<dyn Node>>,
+    /// Concrete, not `dyn Node`: a node's part of an operation calls its request unboxed.
+    nodes: Vec<Arc<RedisNode>>,
     /// Every node's part of every operation runs to its end, also after the decision: in the
     /// call until then, as one of these tasks after (see [`Fanout`]); `shutdown` waits for them.
     tasks: TaskTracker,
@@ -58,7 +59,7 @@ impl std::fmt::Debug for Quorum {
 /// the answer, then keep the grant if the verdict is "ours", else withdraw it.
 #[allow(clippy::too_many_arguments)]
 async fn acquire_on(
-    node: Arc<dyn Node>,
+    node: Arc<RedisNode>,
     step: NodeStep,
     names: Names,
     token: Token,
@@ -76,7 +77,7 @@ async fn acquire_on(
         return;
     }
     step.after_previous().await;
-    let reply = node.acquire(&names, &token, ask).await;
+    let reply = node.acquire_here(&names, &token, ask).await;
     if let Err(failure) = &reply {
         step.mark_failed(failure);
     }
@@ -87,7 +88,7 @@ async fn acquire_on(
         Ok(Some(true))
     );
     if keep && held_by_another {
-        place_after_a_split(&*node, &step, &names, &token, ask).await;
+        place_after_a_split(&node, &step, &names, &token, ask).await;
     }
     if !keep && !held_by_another {
         // Withdrawn, not released: these grants never were a lock, so no release is published.
@@ -95,7 +96,7 @@ async fn acquire_on(
         // attempt at once: a busy loop for as long as a real holder keeps a majority that
         // lacks the gate (say the gate restarted empty). Contenders after a split retry after
         // a short jittered pause instead (`Attempt::Held` with `pttl` zero).
-        if let Err(failure) = node.release(&names, &token, ask.mode, false).await {
+        if let Err(failure) = node.release_here(&names, &token, ask.mode, false).await {
             step.mark_failed(&failure);
         }
     }
@@ -121,7 +122,7 @@ const PLACE_RETRIES: [Duration; 5] = [
 /// for this step on this node only). Placed after that, it stayed there as a copy of a released
 /// lock until the release's own step came, and the holder's next acquire was refused there.
 async fn place_after_a_split(
-    node: &dyn Node,
+    node: &RedisNode,
     step: &NodeStep,
     names: &Names,
     token: &Token,
@@ -137,7 +138,7 @@ async fn place_after_a_split(
         if step.superseded() {
             return;
         }
-        match node.acquire(names, token, ask).await {
+        match node.acquire_here(names, token, ask).await {
             Ok(Attempt::Held { .. }) => {}
             // Placed, or the node cannot take it: nothing more to do.
             Ok(_) | Err(_) => return,
@@ -147,7 +148,7 @@ async fn place_after_a_split(
 
 impl Quorum {
     /// `wakers`: the client's, which the nodes' release announcements wake.
-    pub(crate) fn new(nodes: Vec<Arc<dyn Node>>, wakers: Arc<WakeRegistry>) -> Self {
+    pub(crate) fn new(nodes: Vec<Arc<RedisNode>>, wakers: Arc<WakeRegistry>) -> Self {
         Quorum {
             quorum: Quorum::majority(nodes.len()),
             nodes,
@@ -244,7 +245,7 @@ impl Quorum {
         let n = self.nodes.len();
         let mut steps: Vec<Option<NodeStep>> = self.begin(token).into_iter().map(Some).collect();
         let gate = gate_of(&names[0], n);
-        let mut parts = Fanout::new(&self.tasks);
+        let mut parts = Fanout::new(&self.tasks, self.nodes.len());
         let start = |parts: &mut Fanout, step: NodeStep, ask: Ask| {
             let node = Arc::clone(&self.nodes[step.index]);
             let (names, token) = (Arc::clone(names), token.clone());
@@ -602,7 +603,7 @@ impl Quorum {
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
         self.on_every_node(names, token, move |node, names, token| async move {
-            node.release(&names, &token, mode, wake).await
+            node.release_here(&names, &token, mode, wake).await
         })
         .await
     }
@@ -627,14 +628,14 @@ impl Quorum {
         &self,
         names: &Names,
         token: &Token,
-        call: impl Fn(Arc<dyn Node>, Names, Token) -> F,
+        call: impl Fn(Arc<RedisNode>, Names, Token) -> F,
     ) -> Result<bool, Vec<NodeFailure>>
     where
         F: Future<Output = Result<bool, NodeFailure>> + Send + 'static,
     {
         let (tx, mut replies) = mpsc::unbounded_channel();
         // Each node's part completes even if nobody waits (see `Fanout`).
-        let mut parts = Fanout::new(&self.tasks);
+        let mut parts = Fanout::new(&self.tasks, self.nodes.len());
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
             let request = call(Arc::clone(node), Arc::clone(names), token.clone());
             let tx = tx.clone();
@@ -671,8 +672,12 @@ impl Quorum {
         Err(failures)
     }
 
-    pub(crate) fn nodes(&self) -> &[Arc<dyn Node>] {
-        &self.nodes
+    /// Every node, in config order.
+    pub(crate) fn nodes(&self) -> Vec<Arc<dyn Node>> {
+        self.nodes
+            .iter()
+            .map(|node| Arc::clone(node) as Arc<dyn Node>)
+            .collect()
     }
 
     /// Resolves once every node's part of every operation started so far has ended.
