@@ -289,22 +289,48 @@ impl Calls {
         token: &Token,
         ask: Ask,
     ) -> Result<Attempt, NodeFailure> {
+        let queues = ask.starving
+            && ask.mode == Mode::Exclusive
+            && names.len() == 1
+            && self.queue_starving.load(Ordering::Relaxed);
+        let mode = if queues { Mode::Fair } else { ask.mode };
+        let plain = self.plain && !ask.fencing && mode == Mode::Exclusive;
+        if let [name] = names
+            && plain
+            && let Some(answer) = self.acquire_plain(conn, name, token, ask).await
+        {
+            return answer;
+        }
+        // Boxed: a script's call (with its reload, or `WAIT` behind it) makes a future several
+        // times the size of the plain `SET`'s, which every plain lock would otherwise carry, and
+        // copy, up through every future that awaits it.
+        Box::pin(self.acquire_scripted(conn, names, token, ask, mode, queues, plain)).await
+    }
+
+    /// [`acquire`](Self::acquire) by a script: a fenced or fair lock, a shared one, several
+    /// keys, or a plain one whose key the plain `SET` cannot answer for (`plain`: it was asked).
+    /// `mode`: the one asked for, or `Fair` for a starving waiter that `queues`.
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_scripted<C: Conn>(
+        &self,
+        conn: &C,
+        names: &[Arc<str>],
+        token: &Token,
+        ask: Ask,
+        mode: Mode,
+        queues: bool,
+        plain: bool,
+    ) -> Result<Attempt, NodeFailure> {
         let Ask {
             ttl,
             fencing,
-            mode,
+            mode: asked,
             queue,
             waits,
             lease,
-            starving,
+            starving: _,
             marks: _,
         } = ask;
-        let asked = mode;
-        let queues = starving
-            && mode == Mode::Exclusive
-            && names.len() == 1
-            && self.queue_starving.load(Ordering::Relaxed);
-        let mode = if queues { Mode::Fair } else { mode };
         // What a starving waiter asks for where it cannot queue.
         let unqueued = Ask {
             starving: false,
@@ -312,15 +338,10 @@ impl Calls {
         };
         if let [name] = names
             && mode == Mode::Exclusive
+            && !plain
+            && let Some(answer) = self.acquire_one(conn, name, token, ask).await
         {
-            let answer = if self.plain && !fencing {
-                self.acquire_plain(conn, name, token, ask).await
-            } else {
-                self.acquire_one(conn, name, token, ask).await
-            };
-            if let Some(answer) = answer {
-                return answer;
-            }
+            return answer;
         }
         let flag = |on: bool| if on { "1" } else { "0" };
         let script = match mode {
