@@ -10,7 +10,8 @@
 //! cargo run --release -p lock-tests --features bench --bin allocs -- [--pairs 2000]
 //! ```
 //!
-//! Without `--url` it starts its own `redis-server`. To see where a row's allocations come from,
+//! Without `--url` it starts its own `redis-server`, and without `--redlock` five more for the
+//! Redlock row (only when that row runs). To see where a row's allocations come from,
 //! `--row 1 --json dhat-heap.json` profiles that row alone (build with
 //! `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only` for file and line numbers): each site's
 //! count there covers the warm-up pairs too, twice `--pairs` in all.
@@ -31,6 +32,9 @@ type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// The Redlock row's number (`--row`): the last.
+const REDLOCK_ROW: usize = 5;
+
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -43,6 +47,9 @@ struct Opts {
     /// Redis to run against; default: a redis-server started here.
     #[arg(long)]
     url: Option<String>,
+    /// Redlock's nodes, comma-separated; default: five redis-servers started here.
+    #[arg(long, value_delimiter = ',')]
+    redlock: Vec<String>,
     /// Pairs counted per row (after as many again uncounted, to warm up connections and caches).
     #[arg(long, default_value_t = 2000)]
     pairs: usize,
@@ -117,8 +124,12 @@ fn main() -> Res<()> {
         .enable_all()
         .build()?;
     let own_server = opts.url.is_none().then(RedisServer::start);
-    // Redlock's row runs on servers of its own.
-    let masters = RedisMasters::start(5);
+    // Redlock's row runs on servers of its own, started only when it runs.
+    let masters = (opts.redlock.is_empty() && opts.row.is_none_or(|row| row == REDLOCK_ROW))
+        .then(|| RedisMasters::start(5));
+    let redlock = masters
+        .as_ref()
+        .map_or(opts.redlock.clone(), RedisMasters::urls);
     let url = match (&opts.url, &own_server) {
         (Some(url), _) => url.clone(),
         (None, Some(server)) => server.url(),
@@ -129,34 +140,37 @@ fn main() -> Res<()> {
             .get_multiplexed_async_connection()
             .await?;
         let here = tokio::runtime::Handle::current();
-        let rows: Vec<(&str, Pair)> = vec![
+        let mut rows: Vec<(String, Pair)> = vec![
             (
-                "hand-written loop",
+                "hand-written loop".to_owned(),
                 Pair::Raw(conn, Script::new(RELEASE_LUA)),
             ),
             (
-                "lock-runtime, 1 node",
+                "lock-runtime, 1 node".to_owned(),
                 Pair::Crate(LockClient::new(LockConfig::single(&url))?),
             ),
             (
-                "lock-runtime, 1 node, on the caller's runtime",
+                "lock-runtime, 1 node, on the caller's runtime".to_owned(),
                 Pair::Crate(LockClient::new(
                     LockConfig::single(&url).runtime(here.clone()),
                 )?),
             ),
             (
-                "lock-runtime, 1 node, fenced",
+                "lock-runtime, 1 node, fenced".to_owned(),
                 Pair::Crate(LockClient::new(LockConfig::single(&url).fencing(true))?),
             ),
             (
-                "lock-runtime, in memory",
+                "lock-runtime, in memory".to_owned(),
                 Pair::Crate(LockClient::new(LockConfig::in_memory())?),
             ),
-            (
-                "lock-runtime, Redlock over 5 nodes",
-                Pair::Crate(LockClient::new(LockConfig::redlock(masters.urls()))?),
-            ),
         ];
+        if !redlock.is_empty() {
+            let row = format!("lock-runtime, Redlock over {} nodes", redlock.len());
+            rows.push((
+                row,
+                Pair::Crate(LockClient::new(LockConfig::redlock(redlock))?),
+            ));
+        }
         println!(
             "allocations per uncontended pair ({} counted per row, 1 task)",
             opts.pairs
