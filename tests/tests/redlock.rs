@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use lock_runtime::layout::redlock_gate;
 use lock_runtime::{FailureKind, Lock, LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
-    FaultProxy, KeyEvents, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK, Worker,
-    assert_lost_at_the_deadline, await_waiter, bounded, default_validity, finish_all, history,
-    key_exists, lock_keys, ms, unique_key, wait_until_async, warm_up,
+    FaultProxy, KeyEvents, Monitor, QUICK_REQUEST, RedisMasters, RedisServer, SCHEDULING_SLACK,
+    Sent, Worker, assert_lost_at_the_deadline, await_waiter, bounded, default_validity, finish_all,
+    history, key_exists, lock_keys, ms, unique_key, wait_until_async, warm_up,
 };
 
 const NODES: usize = 5;
@@ -1798,4 +1798,156 @@ async fn a_released_writer_leaves_no_mark_where_a_reader_left_late() {
         holders(&nodes, &key) == 0
     })
     .await;
+}
+
+/// The fair acquire attempts (`EVALSHA` of the fair script: five keys) among `sent`; a call
+/// that a fresh server answered `NOSCRIPT` (`SCRIPT LOAD`, then the same call again, follow it
+/// from the same client) counts once.
+fn fair_attempts(sent: &[Sent]) -> usize {
+    let fair = |s: &Sent| s.command == "evalsha" && s.args.get(1).map(String::as_str) == Some("5");
+    sent.iter()
+        .enumerate()
+        .filter(|(i, s)| {
+            let mut next = sent[i + 1..].iter().filter(|next| next.client == s.client);
+            let reloaded = next.next().is_some_and(|load| load.command == "script")
+                && next.next().is_some_and(|again| again.args == s.args);
+            fair(s) && !reloaded
+        })
+        .count()
+}
+
+/// A client holding `key` on every node, with its guard; `waiter` has been refused it once, so
+/// its client found the lock held and its attempts ask the gate first (it lines up there alone).
+async fn held_and_refused_once(
+    masters: &RedisMasters,
+    waiter: &LockClient,
+    key: &str,
+) -> (LockClient, LockGuard) {
+    warm_up(waiter).await;
+    let holder = redlock_client(masters.urls());
+    let guard = hold_on_all(&holder, masters, key).await;
+    let refused = waiter.lock(key).wait(Duration::ZERO).acquire().await;
+    assert!(
+        matches!(refused, Err(LockError::Contended { .. })),
+        "{refused:?}"
+    );
+    (holder, guard)
+}
+
+/// A waiter's attempt after its subscription is confirmed asks the gate alone: it only finds out
+/// whether a hand-off came before the waiter listened, and the gate tells. It used to be taken
+/// for an attempt after a pause that ran out, whose gate still shows the copy that refused it,
+/// and ask the other nodes too: with 8 fair clients on one key over 3 nodes, such an attempt took
+/// a node whose release had landed while the gate handed the lock to the next waiter in its
+/// line; the vote split, and one waiter after another won the gate and lost the others (bench
+/// section 8: 494 sections/s, 23 round trips per hand-off, 295 commands per section).
+#[tokio::test]
+async fn a_waiters_attempt_after_its_subscription_is_confirmed_asks_the_gate_alone() {
+    let masters = RedisMasters::start(NODES);
+    // Its retry timer is later than its wait: its pause lasts until the wait is over.
+    let waiter =
+        LockClient::new(config(masters.urls()).retry_delay(Duration::from_secs(10))).unwrap();
+    let key = unique_key("redlock:confirmed");
+    let gate = redlock_gate(&key, NODES);
+    let (_holder, guard) = held_and_refused_once(&masters, &waiter, &key).await;
+    let monitors: Vec<Monitor> = masters.nodes.iter().map(Monitor::start).collect();
+    // Its first attempt asks the gate; the next, once its subscription is confirmed, the gate
+    // again; the last, when its wait has run out, every node (then it leaves its line).
+    let wait = Duration::from_secs(1);
+    let got = waiter
+        .lock(&key)
+        .fair(true)
+        .ttl(Duration::from_secs(30))
+        .wait(wait)
+        .acquire()
+        .await;
+    assert!(
+        matches!(got, Err(LockError::Contended { .. })),
+        "refused while held: {got:?}"
+    );
+    for (i, (monitor, node)) in monitors.into_iter().zip(&masters.nodes).enumerate() {
+        let attempts = fair_attempts(&monitor.stop(node));
+        let expected = if i == gate { 3 } else { 1 };
+        assert_eq!(
+            attempts, expected,
+            "the waiter's attempts on node {i} (gate {gate})"
+        );
+    }
+    guard.release().await.unwrap();
+}
+
+/// A waiter that its gate grants asks the other nodes without a place in their lines: the gate's
+/// line is the order. Refused there (a holder's release has not landed yet, or the node's own
+/// line hands it on), it lined up, and the node handed the lock to it later, in an order of its
+/// own, while it listened at the gate alone: the lock sat there, out of the next waiter's reach,
+/// until the lease of that place ran out or its turn came round again at the gate.
+#[tokio::test]
+async fn a_waiter_granted_by_its_gate_takes_no_place_in_the_other_nodes_lines() {
+    let masters = RedisMasters::start(NODES);
+    let waiter = patient_client(masters.urls());
+    let key = unique_key("redlock:gate-granted");
+    let keys = lock_keys(&key);
+    let gate = redlock_gate(&key, NODES);
+    let (_holder, guard) = held_and_refused_once(&masters, &waiter, &key).await;
+    // Its place lives `ttl`; it is renewed a third of that after each attempt.
+    let ttl = Duration::from_millis(2400);
+    let waiting = start_acquire(
+        waiter
+            .lock(&key)
+            .fair(true)
+            .ttl(ttl)
+            .wait(Duration::from_secs(10)),
+    );
+    let gate_node = &masters.nodes[gate];
+    let others = all_but(&masters, gate);
+    wait_until_async(
+        QUICK_REQUEST + SCHEDULING_SLACK,
+        "the waiter in line at the gate",
+        || latest_lease(gate_node, &key).is_some(),
+    )
+    .await;
+    for node in &others {
+        assert_eq!(
+            latest_lease(node, &key),
+            None,
+            "in line elsewhere than at the gate"
+        );
+    }
+    // The gate hands the lock to the waiter (as a release there would; the holder keeps every
+    // other node): its next attempt is granted there, and refused by the others.
+    let waiting_token: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.queue)
+        .arg(0)
+        .arg(0)
+        .query(&mut gate_node.admin())
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&keys.lock)
+        .arg(&waiting_token[0])
+        .arg("PX")
+        .arg(30_000)
+        .query(&mut gate_node.admin())
+        .unwrap();
+    let asked: Vec<u64> = others.iter().map(|n| evalsha_calls(n)).collect();
+    wait_until_async(
+        ttl / 3 + QUICK_REQUEST + SCHEDULING_SLACK,
+        "the waiter's attempt after its grant at the gate reached every other node",
+        || {
+            others
+                .iter()
+                .zip(&asked)
+                .all(|(n, before)| evalsha_calls(n) > *before)
+        },
+    )
+    .await;
+    for node in &others {
+        assert_eq!(
+            latest_lease(node, &key),
+            None,
+            "the waiter lined up at node {} after its gate granted it",
+            node_name(node)
+        );
+    }
+    waiting.abort();
+    guard.release().await.unwrap();
 }

@@ -87,6 +87,8 @@ pub(crate) async fn acquire(
     // Meanwhile the waiter hears every release, as a waiter that never queued does.
     let mut unproven = false;
     let mut final_try = false;
+    // Whether the last pause ran out on its own (see `Ask::pause_ran_out`).
+    let mut pause_ran_out = false;
     // The place in a fair queue that the last answer with a ticket renewed: a lock handed to
     // that place lives until the lease that answer gave it ends. A hand-off to any other place
     // (one that lapsed before this answer, while the waiter was paused or its link slow: the
@@ -136,6 +138,7 @@ pub(crate) async fn acquire(
             // and hears no release meanwhile (see `Herd`): a mark would only make the next
             // release wake the others, who mostly lose the race to its releaser too.
             marks: starving || !will_queue || !strategy.answers_a_wake_up(),
+            pause_ran_out: std::mem::take(&mut pause_ran_out),
         };
         // An attempt may take several requests (Redlock's fence write-back, a withdrawal after
         // `min_replicas`, a refused waiter's mark, Cluster's slot groups): it is cut at the
@@ -246,7 +249,11 @@ pub(crate) async fn acquire(
                                 None => break None,
                             }
                         }
-                        _ => break None,
+                        Woken::PauseRanOut => {
+                            pause_ran_out = true;
+                            break None;
+                        }
+                        Woken::Attempt | Woken::HandOff(_) => break None,
                     }
                 };
                 if let Some(granted) = granted {
@@ -327,6 +334,7 @@ pub(crate) fn acquire_at_once(
         lease: req.ttl,
         starving: false,
         marks: false,
+        pause_ran_out: false,
     };
     let Attempt::Acquired { fences } = node.acquire_at_once(&req.names, &token, ask, now) else {
         return None;

@@ -36,8 +36,11 @@ pub(crate) trait WaitStrategy: Send {
 /// How a pause ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Woken {
-    /// Time for the next attempt: a release for anybody, or the pause's end.
+    /// Time for the next attempt: a release for anybody, or a subscription confirmed (a
+    /// release may have come before it).
     Attempt,
+    /// The pause's end: nothing heard, nothing confirmed.
+    PauseRanOut,
     /// A release handed the lock to `held.ticket`, and said this.
     HandOff(HandOff),
     /// A waiter with a place in line now hears every release (the subscription to its own
@@ -384,7 +387,7 @@ impl WaitStrategy for NotifyOrBackoff<'_> {
             loop {
                 let confirming = w.needed.iter().any(|n| *n > 0) && !w.pending.is_empty();
                 let confirmation = tokio::select! {
-                    () = &mut sleep => return Woken::Attempt,
+                    () = &mut sleep => return Woken::PauseRanOut,
                     (told, _, _) = futures_util::future::select_all(
                         w.wakes.iter_mut().map(|h| Box::pin(h.released())),
                     ) => {

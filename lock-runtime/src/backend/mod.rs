@@ -256,6 +256,11 @@ pub(crate) struct Ask {
     /// starves (see `acquire/waiting.rs`, `Herd`), so a mark would only make the next release
     /// wake the others for nothing.
     pub(crate) marks: bool,
+    /// The attempt follows a pause that ran out on its own: no release heard, no subscription
+    /// confirmed. Only then does Redlock check a gate that still shows the copy that refused the
+    /// waiter before with the other nodes (see `redlock/gate.rs`); after a confirmation, the
+    /// attempt only finds out whether a release came before it, which the gate tells.
+    pub(crate) pause_ran_out: bool,
 }
 
 /// How many bytes of a holder value are the secret: a token's 32 hex digits.

@@ -143,7 +143,9 @@ impl Memory {
     }
 
     /// Whether the gate's "held", answered to a gated attempt of `token` on `names` by the copy
-    /// `copy`, is to be checked with the other nodes: when the waiter's last refusal was a hold
+    /// `copy` after the waiter's pause ran out (see `Ask::pause_ran_out`: an attempt after its
+    /// subscription was confirmed only finds out whether a release came before, and the gate
+    /// tells), is to be checked with the other nodes: when the waiter's last refusal was a hold
     /// by that same copy, and this client has heard no release of the lock since. The waiter's
     /// pause then ran out with the same copy on the gate, neither renewed nor handed on: a
     /// holder that holds on without renewing, or one that let go without the gate hearing of it

@@ -223,7 +223,10 @@ impl Quorum {
     /// already let go. Nor does a waiter whose pause ran out without a release heard take the
     /// gate's "held" for the answer (see [`Memory::looks_past_the_gate`]): it asks the others
     /// too, without taking a place in their lines, and the majority decides. A release whose part
-    /// on the gate was lost left a copy there that would refuse it until its ttl.
+    /// on the gate was lost left a copy there that would refuse it until its ttl. A waiter that
+    /// the gate granted asks the others without a place in their lines either: refused there, it
+    /// lined up, and a node's own line then handed the lock to it later, out of the gate's order,
+    /// while it listened at the gate alone.
     ///
     /// Shared locks are a quorum of shares, which excludes a writer's quorum as one exclusive
     /// lock excludes another. A fair lock is a line on each node; the lock is granted like any
@@ -255,6 +258,15 @@ impl Quorum {
         let mut first = None;
         // What the nodes other than the gate are asked.
         let mut others_ask = ask;
+        // Asked past the gate, or once it granted: without a place in their lines, which would
+        // hand them the lock later in an order of their own (the gate's line is the order), to
+        // a waiter that does not listen there.
+        let unqueued = Ask {
+            queue: false,
+            waits: Duration::ZERO,
+            starving: false,
+            ..ask
+        };
         // The gate's "held" is one node's word: a hint to wait for its announcement, never the
         // answer for a caller that does not wait (a release returns once a majority confirmed
         // it, and its part on the gate may land later; the lock is free all the same).
@@ -277,7 +289,9 @@ impl Quorum {
                     }),
                 ))) => {
                     let copy = GateCopy::of(asked, pttl);
-                    if !self.memory.looks_past_the_gate(names, token, copy) {
+                    let past =
+                        ask.pause_ran_out && self.memory.looks_past_the_gate(names, token, copy);
+                    if !past {
                         // The gate's holder (or a contender that got there first) goes on;
                         // nothing was sent to the other nodes. Their steps end unused. A fair
                         // waiter now has its place in the gate's line.
@@ -307,12 +321,11 @@ impl Quorum {
                             announced,
                         }),
                     ));
-                    others_ask = Ask {
-                        queue: false,
-                        waits: Duration::ZERO,
-                        starving: false,
-                        ..ask
-                    };
+                    others_ask = unqueued;
+                }
+                Ok(Some((node, Ok(Attempt::Acquired { fences })))) => {
+                    first = Some((node, Ok(Attempt::Acquired { fences })));
+                    others_ask = unqueued;
                 }
                 Ok(reply) => first = reply,
                 // Not answering in time: ask the others now; its answer counts when it comes.

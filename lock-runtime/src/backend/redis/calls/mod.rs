@@ -330,6 +330,7 @@ impl Calls {
             lease,
             starving: _,
             marks: _,
+            pause_ran_out: _,
         } = ask;
         // What a starving waiter asks for where it cannot queue.
         let unqueued = Ask {
