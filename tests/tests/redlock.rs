@@ -1841,7 +1841,7 @@ async fn held_and_refused_once(
 /// a node whose release had landed while the gate handed the lock to the next waiter in its
 /// line; the vote split, and one waiter after another won the gate and lost the others (bench
 /// section 8: 494 sections/s, 23 round trips per hand-off, 295 commands per section).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiters_attempt_after_its_subscription_is_confirmed_asks_the_gate_alone() {
     let masters = RedisMasters::start(NODES);
     // Its retry timer is later than its wait: its pause lasts until the wait is over.
@@ -1881,7 +1881,7 @@ async fn a_waiters_attempt_after_its_subscription_is_confirmed_asks_the_gate_alo
 /// line hands it on), it lined up, and the node handed the lock to it later, in an order of its
 /// own, while it listened at the gate alone: the lock sat there, out of the next waiter's reach,
 /// until the lease of that place ran out or its turn came round again at the gate.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_granted_by_its_gate_takes_no_place_in_the_other_nodes_lines() {
     let masters = RedisMasters::start(NODES);
     let waiter = patient_client(masters.urls());
@@ -1950,4 +1950,80 @@ async fn a_waiter_granted_by_its_gate_takes_no_place_in_the_other_nodes_lines() 
     }
     waiting.abort();
     guard.release().await.unwrap();
+}
+
+/// A hand-off message from the gate is no grant under Redlock: here the gate hands the lock to
+/// its waiter while another value holds a majority of the nodes, and the waiter's attempt,
+/// granted by the gate and one other node, loses, withdraws both, and lines up nowhere else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_from_the_gate_while_a_majority_is_held_elsewhere_grants_nothing() {
+    let masters = RedisMasters::start(NODES);
+    let waiter = patient_client(masters.urls());
+    let key = unique_key("redlock:stale-hand-off");
+    let keys = lock_keys(&key);
+    let gate = redlock_gate(&key, NODES);
+    let (_holder, guard) = held_and_refused_once(&masters, &waiter, &key).await;
+    let waiting = start_acquire(
+        waiter
+            .lock(&key)
+            .fair(true)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(10)),
+    );
+    let gate_node = &masters.nodes[gate];
+    wait_until_async(
+        QUICK_REQUEST + SCHEDULING_SLACK,
+        "the waiter in line at the gate",
+        || latest_lease(gate_node, &key).is_some(),
+    )
+    .await;
+    // Another value takes three of the four other nodes from the holder.
+    let others = all_but(&masters, gate);
+    let taken = &others[..3];
+    for node in taken {
+        let _: () = redis::cmd("SET")
+            .arg(&keys.lock)
+            .arg("another-client")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut node.admin())
+            .unwrap();
+    }
+    let (publishes, asked) = (
+        gate_node.command_calls("publish"),
+        taken.iter().map(|n| evalsha_calls(n)).collect::<Vec<_>>(),
+    );
+    // Ours on the gate and one other node only: not a majority, whatever the call says.
+    let _ = guard.release().await;
+    assert!(
+        gate_node.command_calls("publish") > publishes,
+        "the gate handed the lock to its waiter"
+    );
+    // Two attempts on each: the first (after the hand-off) was decided, and lost, before the
+    // second (a split vote's retry, a moment later) was made.
+    wait_until_async(
+        2 * QUICK_REQUEST + SCHEDULING_SLACK,
+        "two attempts of the waiter after the hand-off reached the taken nodes",
+        || {
+            taken
+                .iter()
+                .zip(&asked)
+                .all(|(n, before)| evalsha_calls(n) > before + 1)
+        },
+    )
+    .await;
+    assert!(
+        !waiting.is_finished(),
+        "granted without a majority: {:?}",
+        waiting.await
+    );
+    for node in taken {
+        assert_eq!(
+            latest_lease(node, &key),
+            None,
+            "the waiter lined up at node {}",
+            node_name(node)
+        );
+    }
+    waiting.abort();
 }
