@@ -114,6 +114,17 @@ fn delete_lock(node: &RedisServer, key: &str) {
     assert_eq!(deleted, 1, "the lock key was not on port {}", node.port());
 }
 
+/// Sets the lock key of `key` on `node` to `value` for `ttl`, as another client's grant would.
+fn set_lock(node: &RedisServer, key: &str, value: &str, ttl: Duration) {
+    let () = redis::cmd("SET")
+        .arg(lock_keys(key).lock)
+        .arg(value)
+        .arg("PX")
+        .arg(u64::try_from(ttl.as_millis()).unwrap())
+        .query(&mut node.admin())
+        .unwrap();
+}
+
 /// Waits until no node has any key of `key`; returns how long that took.
 async fn assert_no_keys_left(nodes: &[&RedisServer], key: &str, within: Duration) -> Duration {
     let started = Instant::now();
@@ -935,7 +946,6 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
         .unwrap();
     warm.release().await.unwrap();
     let key = unique_key("redlock:split");
-    let lock_key = lock_keys(&key).lock;
     let gate = &masters.nodes[redlock_gate(&key, NODES)];
     let others: Vec<&RedisServer> = masters
         .nodes
@@ -944,15 +954,7 @@ async fn split_vote_is_retried_soon_not_after_the_backoff() {
         .collect();
     let scripts = |node: &RedisServer| node.command_calls("evalsha");
     let before = scripts(gate);
-    let place = |node: &RedisServer, who: &str| {
-        redis::cmd("SET")
-            .arg(&lock_key)
-            .arg(who)
-            .arg("PX")
-            .arg(60_000)
-            .query::<()>(&mut node.admin())
-            .unwrap();
-    };
+    let place = |node: &RedisServer, who: &str| set_lock(node, &key, who, ms(60_000));
     place(others[0], "foreign-a");
     place(others[1], "foreign-a");
     place(others[2], "foreign-b");
@@ -1031,13 +1033,7 @@ async fn a_lock_won_beside_a_contenders_minority_is_placed_there_once_it_is_free
     let lock_key = lock_keys(&key).lock;
     let contender = &masters.nodes[NODES - 2..];
     for node in contender {
-        redis::cmd("SET")
-            .arg(&lock_key)
-            .arg("contender")
-            .arg("PX")
-            .arg(20)
-            .query::<()>(&mut node.admin())
-            .unwrap();
+        set_lock(node, &key, "contender", ms(20));
     }
     let guard = locks.lock(&key).acquire().await.unwrap();
     let ours = |node: &RedisServer| {
@@ -1517,13 +1513,7 @@ async fn a_late_withdrawal_never_deletes_a_later_attempts_grant() {
     .await;
     let lock_key = lock_keys(&key).lock;
     for node in [gate, held] {
-        let () = redis::cmd("SET")
-            .arg(&lock_key)
-            .arg("someone-else")
-            .arg("PX")
-            .arg(30_000)
-            .query(&mut masters.nodes[node].admin())
-            .unwrap();
+        set_lock(&masters.nodes[node], &key, "someone-else", ms(30_000));
     }
     let calls = |node: &RedisServer| node.command_calls("evalsha") + node.command_calls("multi");
     let (gate_calls, held_calls) = (calls(&masters.nodes[gate]), calls(&masters.nodes[held]));
@@ -1608,13 +1598,7 @@ async fn a_token_is_handed_out_once_a_majority_of_its_granting_nodes_has_it() {
         .arg(far_ahead)
         .query(&mut masters.nodes[ahead].admin())
         .unwrap();
-    let () = redis::cmd("SET")
-        .arg(&keys.lock)
-        .arg("someone-else")
-        .arg("PX")
-        .arg(30_000)
-        .query(&mut masters.nodes[refusing].admin())
-        .unwrap();
+    set_lock(&masters.nodes[refusing], &key, "someone-else", ms(30_000));
     // The acquire then takes two round trips of the slow link (the grant, the write-back),
     // well inside its bound of one request timeout; the write-back to the slow node lands
     // 100 ms after it leaves.
@@ -1834,6 +1818,31 @@ async fn held_and_refused_once(
     (holder, guard)
 }
 
+/// Starts `waiter`'s fair acquire of `key` (its place living `ttl`, a 10 s wait) and returns
+/// once it has a place in line at the lock's gate node.
+async fn in_line_at_the_gate(
+    waiter: &LockClient,
+    masters: &RedisMasters,
+    key: &str,
+    ttl: Duration,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let waiting = start_acquire(
+        waiter
+            .lock(key)
+            .fair(true)
+            .ttl(ttl)
+            .wait(Duration::from_secs(10)),
+    );
+    let gate = &masters.nodes[redlock_gate(key, NODES)];
+    wait_until_async(
+        QUICK_REQUEST + SCHEDULING_SLACK,
+        "the waiter in line at the gate",
+        || latest_lease(gate, key).is_some(),
+    )
+    .await;
+    waiting
+}
+
 /// A waiter's attempt after its subscription is confirmed asks the gate alone: it only finds out
 /// whether a hand-off came before the waiter listened, and the gate tells. It used to be taken
 /// for an attempt after a pause that ran out, whose gate still shows the copy that refused it,
@@ -1891,21 +1900,9 @@ async fn a_waiter_granted_by_its_gate_takes_no_place_in_the_other_nodes_lines() 
     let (_holder, guard) = held_and_refused_once(&masters, &waiter, &key).await;
     // Its place lives `ttl`; it is renewed a third of that after each attempt.
     let ttl = Duration::from_millis(2400);
-    let waiting = start_acquire(
-        waiter
-            .lock(&key)
-            .fair(true)
-            .ttl(ttl)
-            .wait(Duration::from_secs(10)),
-    );
+    let waiting = in_line_at_the_gate(&waiter, &masters, &key, ttl).await;
     let gate_node = &masters.nodes[gate];
     let others = all_but(&masters, gate);
-    wait_until_async(
-        QUICK_REQUEST + SCHEDULING_SLACK,
-        "the waiter in line at the gate",
-        || latest_lease(gate_node, &key).is_some(),
-    )
-    .await;
     for node in &others {
         assert_eq!(
             latest_lease(node, &key),
@@ -1921,13 +1918,7 @@ async fn a_waiter_granted_by_its_gate_takes_no_place_in_the_other_nodes_lines() 
         .arg(0)
         .query(&mut gate_node.admin())
         .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(&keys.lock)
-        .arg(&waiting_token[0])
-        .arg("PX")
-        .arg(30_000)
-        .query(&mut gate_node.admin())
-        .unwrap();
+    set_lock(gate_node, &key, &waiting_token[0], ms(30_000));
     let asked: Vec<u64> = others.iter().map(|n| evalsha_calls(n)).collect();
     wait_until_async(
         ttl / 3 + QUICK_REQUEST + SCHEDULING_SLACK,
@@ -1960,34 +1951,15 @@ async fn a_hand_off_from_the_gate_while_a_majority_is_held_elsewhere_grants_noth
     let masters = RedisMasters::start(NODES);
     let waiter = patient_client(masters.urls());
     let key = unique_key("redlock:stale-hand-off");
-    let keys = lock_keys(&key);
     let gate = redlock_gate(&key, NODES);
     let (_holder, guard) = held_and_refused_once(&masters, &waiter, &key).await;
-    let waiting = start_acquire(
-        waiter
-            .lock(&key)
-            .fair(true)
-            .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(10)),
-    );
+    let waiting = in_line_at_the_gate(&waiter, &masters, &key, Duration::from_secs(30)).await;
     let gate_node = &masters.nodes[gate];
-    wait_until_async(
-        QUICK_REQUEST + SCHEDULING_SLACK,
-        "the waiter in line at the gate",
-        || latest_lease(gate_node, &key).is_some(),
-    )
-    .await;
     // Another value takes three of the four other nodes from the holder.
     let others = all_but(&masters, gate);
     let taken = &others[..3];
     for node in taken {
-        let _: () = redis::cmd("SET")
-            .arg(&keys.lock)
-            .arg("another-client")
-            .arg("PX")
-            .arg(30_000)
-            .query(&mut node.admin())
-            .unwrap();
+        set_lock(node, &key, "another-client", ms(30_000));
     }
     let (publishes, asked) = (
         gate_node.command_calls("publish"),

@@ -1,7 +1,8 @@
-//! Redlock: a quorum over N independent Redis nodes, each running the single-node operations; a lock is held while a majority (N/2 + 1) holds it. Every request fans out in
-//! parallel (but a waiter's attempt on a contended lock, which asks the lock's gate node first:
-//! see `gate.rs` and [`Quorum::acquire`]) and the decision is taken as soon as the quorum is won
-//! or can no longer be won: a slow or frozen minority never delays it.
+//! Redlock: a quorum over N independent Redis nodes, each running the single-node operations;
+//! a lock is held while a majority (N/2 + 1) holds it. Every request fans out in parallel (but
+//! a waiter's attempt on a contended lock, which asks the lock's gate node first: see `gate.rs`
+//! and [`Quorum::acquire`]) and the decision is taken as soon as the quorum is won or can no
+//! longer be won: a slow or frozen minority never delays it.
 //!
 //! The requests a decision no longer waits for still run to the end in the background: after a
 //! won acquire they place the lock on the slower nodes too (so the lock survives the loss of a
@@ -323,8 +324,8 @@ impl Quorum {
                     ));
                     others_ask = unqueued;
                 }
-                Ok(Some((node, Ok(Attempt::Acquired { fences })))) => {
-                    first = Some((node, Ok(Attempt::Acquired { fences })));
+                Ok(Some(granted @ (_, Ok(Attempt::Acquired { .. })))) => {
+                    first = Some(granted);
                     others_ask = unqueued;
                 }
                 Ok(reply) => first = reply,
