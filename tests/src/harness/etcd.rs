@@ -30,7 +30,7 @@ use tempfile::TempDir;
 use super::proxy::FaultProxy;
 use super::store::LockStore;
 use super::tls::{SERVER_CERT, SERVER_KEY, TestCa};
-use super::util::free_port;
+use super::util::free_ports;
 
 /// Overrides the `etcd` binary (default: the one on `PATH`).
 pub const ETCD_BINARY_ENV: &str = "LOCK_TESTS_ETCD";
@@ -90,12 +90,15 @@ impl EtcdCluster {
                 .prefix("lock-tests-etcd-")
                 .tempdir()
                 .expect("create a temporary directory for etcd");
+            // Every port of the cluster distinct (see `free_ports`).
+            let mut ports = free_ports(3 * n).into_iter();
+            let mut port = || ports.next().expect("three ports per member");
             let members = (0..n)
                 .map(|i| Member {
                     name: format!("m{i}"),
-                    client_port: free_port(),
-                    tls_port: tls.as_ref().map(|_| free_port()),
-                    peer_port: free_port(),
+                    client_port: port(),
+                    tls_port: tls.as_ref().map(|_| port()),
+                    peer_port: port(),
                     child: None,
                     watchdog: None,
                 })

@@ -12,12 +12,29 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The listener is dropped before returning, so another process can take the port before the caller
 /// binds it; [`RedisServer::start`](crate::RedisServer::start) retries on a new port when that happens.
 pub fn free_port() -> u16 {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0 to find a free port");
-    listener
-        .local_addr()
-        .expect("local address of a bound listener")
-        .port()
+    free_ports(1)[0]
+}
+
+/// `n` free ports, distinct: each is held until all are found. Ports found one after the other
+/// by [`free_port`] may repeat (each is released before the next is asked for), and a process
+/// given one port twice can serve on it in ways it would not on two: an etcd member listening
+/// for `http` and `https` on one port serves both, so a plain client reached its TLS port.
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .expect("bind 127.0.0.1:0 to find a free port")
+        })
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| {
+            listener
+                .local_addr()
+                .expect("local address of a bound listener")
+                .port()
+        })
+        .collect()
 }
 
 /// A key no other test (in this or a parallel test process) uses: `prefix:<pid>:<counter>:<nanos>`.
