@@ -68,6 +68,10 @@ pub struct Bounds {
     pub quorum: usize,
     /// The largest clock step the nemesis makes.
     pub clock_step_ns: u64,
+    /// How long after the heal a key whose holder stopped (a release that failed, a grant whose
+    /// call gave up) may still be on the servers: the ttl on Redis, whose `PX` counts from the
+    /// last write; longer on etcd (see `run::etcd`).
+    pub linger_ns: u64,
 }
 
 const BOUNDS: &str = "bounds ";
@@ -76,14 +80,15 @@ impl fmt::Display for Bounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{BOUNDS}ttl={} request={} slack={} healed={} end={} quorum={} clock_step={}",
+            "{BOUNDS}ttl={} request={} slack={} healed={} end={} quorum={} clock_step={} linger={}",
             self.ttl_ns,
             self.request_ns,
             self.slack_ns,
             self.healed_ns,
             self.end_ns,
             self.quorum,
-            self.clock_step_ns
+            self.clock_step_ns,
+            self.linger_ns
         )
     }
 }
@@ -94,14 +99,17 @@ impl std::str::FromStr for Bounds {
     fn from_str(line: &str) -> Result<Bounds, String> {
         let parse = || {
             let mut fields = crate::history::Fields::after(line, BOUNDS)?;
+            let ttl_ns = fields.next("ttl")?;
             Some(Bounds {
-                ttl_ns: fields.next("ttl")?,
+                ttl_ns,
                 request_ns: fields.next("request")?,
                 slack_ns: fields.next("slack")?,
                 healed_ns: fields.next("healed")?,
                 end_ns: fields.next("end")?,
                 quorum: fields.next("quorum")?,
                 clock_step_ns: fields.next("clock_step")?,
+                // Histories saved before the field: the ttl, as the checker then took it.
+                linger_ns: fields.next("linger").unwrap_or(ttl_ns),
             })
         };
         parse().ok_or_else(|| format!("not a bounds line: {line:?}"))
@@ -169,6 +177,10 @@ pub enum Violation {
         key: String,
         /// Asks for it in the window, and how each ended.
         asked: BTreeMap<Outcome, usize>,
+        /// The window's length after the heal.
+        window_ns: u64,
+        /// The last grant of the key before the window, if any: whose key may have stayed.
+        last: Option<Box<Op>>,
     },
 }
 
@@ -698,12 +710,14 @@ fn stale_writes(writes: &[Write]) -> Vec<Violation> {
     found
 }
 
-/// Keys asked for after the heal that nobody held within a ttl (+ slack) of it. An ask for
+/// Keys asked for after the heal that nobody held within [`Bounds::linger_ns`] (+ slack) of it:
+/// by then every key left by a holder that stopped is gone. An ask for
 /// several keys counts for one of them only when none of its other keys was held in that
 /// window: its refusal does not say which key was taken (the campaign found a key asked for only
 /// together with one contended throughout, and reported it unhealed).
 fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
-    let window_end = bounds.healed_ns + bounds.ttl_ns + bounds.slack_ns;
+    let window_ns = bounds.linger_ns + bounds.slack_ns;
+    let window_end = bounds.healed_ns + window_ns;
     if window_end > bounds.end_ns {
         return Vec::new();
     }
@@ -738,6 +752,16 @@ fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
         .map(|(key, asked)| Violation::NoGrantAfterHeal {
             key: key.to_owned(),
             asked,
+            window_ns,
+            last: ops
+                .iter()
+                .filter(|op| {
+                    op.outcome == Outcome::Acquired
+                        && op.hold_start_ns < bounds.healed_ns
+                        && op.keys.iter().any(|k| k == key)
+                })
+                .max_by_key(|op| op.hold_start_ns)
+                .map(|op| Box::new(op.clone())),
         })
         .collect()
 }
@@ -782,10 +806,22 @@ impl fmt::Display for Violation {
                 f,
                 "register accepted a stale write\n  {write}\n  after {newer}"
             ),
-            Violation::NoGrantAfterHeal { key, asked } => write!(
-                f,
-                "nobody held {key} within a ttl of the heal; asks in that window: {asked:?}"
-            ),
+            Violation::NoGrantAfterHeal {
+                key,
+                asked,
+                window_ns,
+                last,
+            } => {
+                write!(
+                    f,
+                    "nobody held {key} within {} ms of the heal; asks in that window: {asked:?}",
+                    window_ns / 1_000_000
+                )?;
+                match last {
+                    Some(op) => write!(f, "\n  its last grant before the heal: {op}"),
+                    None => write!(f, "\n  no grant of it before the heal"),
+                }
+            }
         }
     }
 }
@@ -805,6 +841,7 @@ mod tests {
             end_ns: 20_000 * MS,
             quorum: 1,
             clock_step_ns: 3000 * MS,
+            linger_ns: 1500 * MS,
         }
     }
 
@@ -1192,6 +1229,35 @@ mod tests {
         );
         ops.push(hold(2, "k", 9, 11_000, 11_010));
         assert!(violations(&ops, &[], &[]).is_empty());
+    }
+
+    /// A key left by a holder whose release failed lingers past the ttl where the servers keep
+    /// it longer (etcd: a whole-second lease, refreshed at a leader change): a grant within the
+    /// linger heals it, one after it does not, and the report names the last grant before.
+    #[test]
+    fn a_key_may_linger_after_the_heal_as_long_as_its_servers_keep_it() {
+        let mut ops = clean_history();
+        let mut stranded = hold(1, "k", 7, 9_000, 9_500);
+        stranded.release = Release::Unavailable;
+        let mut refused = hold(2, "k", 0, 10_500, 10_500);
+        refused.outcome = Outcome::Contended;
+        ops.extend([stranded, refused, hold(3, "k", 8, 12_600, 12_700)]);
+        let etcd = Bounds {
+            linger_ns: 2_500 * MS,
+            ..bounds()
+        };
+        let report = check(&ops, &[], &[], &etcd);
+        assert!(report.is_clean(), "{:?}", report.violations);
+        let found = violations(&ops, &[], &[]);
+        assert!(
+            matches!(&found[..], [Violation::NoGrantAfterHeal { key, last: Some(last), .. }] if key == "k" && last.pid == 1),
+            "{found:?}"
+        );
+        let said = found[0].to_string();
+        assert!(
+            said.contains("within 1800 ms of the heal") && said.contains("pid=1"),
+            "{said}"
+        );
     }
 
     /// An ask for two keys refused after the heal while one of them was held throughout says

@@ -289,6 +289,9 @@ struct Setup {
     quorum: usize,
     /// Whether the nemesis also pauses workers.
     pauses: bool,
+    /// How long a key whose holder stopped may outlive the heal ([`Bounds::linger_ns`]); `None`:
+    /// the ttl.
+    linger: Option<Duration>,
 }
 
 impl Setup {
@@ -298,6 +301,7 @@ impl Setup {
             worker: backend,
             quorum,
             pauses: true,
+            linger: None,
         }
     }
 }
@@ -364,6 +368,7 @@ fn campaign(
         end_ns: start_ns + nanos(profile.run_for),
         quorum: setup.quorum,
         clock_step_ns: nanos(3 * profile.ttl),
+        linger_ns: nanos(setup.linger.unwrap_or(profile.ttl)),
     };
     let report = check::check(&ops, &writes, &faults, &bounds);
     let history = (!report.is_clean())
@@ -687,6 +692,7 @@ pub fn redlock_majority_clock(profile: &Profile) -> Summary {
         worker: "redlock",
         quorum: 3,
         pauses: false,
+        linger: None,
     };
     campaign(&profile, setup, &urls, &key_prefix(), vec![step], started)
 }
@@ -904,9 +910,27 @@ pub fn cluster(profile: &Profile) -> Summary {
 
 /// etcd, 3 members, each client port behind a fault proxy: a member frozen or killed (and
 /// restarted with its data) at a time, and the link faults.
+///
+/// A key whose holder stopped lingers longer than on Redis: its lease is the ttl rounded up to
+/// whole seconds, and a new leader refreshes every lease to its whole TTL plus one election
+/// timeout (etcd 3.4 and 3.5 without lease checkpoints). A leader killed just before the heal is
+/// replaced within two election timeouts, and the leader expires leases in a sweep every 500 ms.
+/// By hand: a 2 s lease, its leader killed 1.2 s in and restarted 0.7 s later, lived 4.4-4.6 s,
+/// 2.5-2.7 s past the restart (4 trials). The quiet phase grows by as much as the linger
+/// exceeds the ttl, so the checker's heal window still fits in it.
 #[cfg(feature = "etcd")]
 pub fn etcd(profile: &Profile) -> Summary {
     let started = Instant::now();
+    let lease =
+        Duration::from_secs(profile.ttl.as_secs() + u64::from(profile.ttl.subsec_nanos() > 0))
+            .max(crate::ETCD_ELECTION_TIMEOUT * 3 / 2);
+    let linger = lease + 3 * crate::ETCD_ELECTION_TIMEOUT + Duration::from_millis(500);
+    let longer = linger.saturating_sub(profile.ttl);
+    let profile = &Profile {
+        run_for: profile.run_for + longer,
+        quiet: profile.quiet + longer,
+        ..profile.clone()
+    };
     let members = Mutex::new(crate::EtcdCluster::start(3));
     let proxies: Vec<FaultProxy> = (0..3)
         .map(|i| FaultProxy::start(lock(&members).client_port(i)))
@@ -937,7 +961,10 @@ pub fn etcd(profile: &Profile) -> Summary {
     let urls: Vec<String> = proxies.iter().map(FaultProxy::http_url).collect();
     campaign(
         profile,
-        Setup::new("etcd", 1),
+        Setup {
+            linger: Some(linger),
+            ..Setup::new("etcd", 1)
+        },
         &urls,
         &key_prefix(),
         actions,
