@@ -273,7 +273,8 @@ impl Leadership {
 
     /// Gives the leadership up: releases the election's lock, and a campaigner waiting for it
     /// is woken. [`LockError::Lost`] when it had been lost; [`LockError::Unavailable`] when the
-    /// servers could not be reached (the lock then expires by its ttl).
+    /// servers could not be reached (the release is retried in the background; the lock expires by
+    /// its ttl at the latest).
     pub async fn resign(self) -> Result<(), LockError> {
         self.guard.release().await
     }

@@ -226,7 +226,7 @@ impl Engine {
         .await;
         drop(strategy);
         if let Some(token) = ended.unsure {
-            self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
+            self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl, false);
         }
         match ended.result {
             Ok(granted) => self.hold(req, granted),
@@ -278,10 +278,22 @@ impl Engine {
         Ok(hold)
     }
 
-    /// Releases `hold` and decides the outcome (see `hold::release`).
+    /// Releases `hold` and decides the outcome (see `hold::release`); a release no server
+    /// answered goes on in the background (the caller is told `Unavailable` or `Lost` at once).
     pub(crate) async fn release(&self, hold: &Hold) -> Result<(), LockError> {
         self.held().remove(&hold.id);
-        hold::release(hold, &self.backend).await
+        let (outcome, unanswered) = hold::release(hold, &self.backend).await;
+        if unanswered {
+            events::release_retried(hold.name());
+            self.cleanup(
+                Arc::clone(&hold.names),
+                hold.token.clone(),
+                hold.mode,
+                hold.ttl,
+                true,
+            );
+        }
+        outcome
     }
 
     /// Releases `hold` in place when the backend answers at once (in memory); `None` (and nothing
@@ -313,20 +325,21 @@ impl Engine {
             .spawn_on(release.instrument(span), &self.runtime);
     }
 
-    /// Releases a token whose acquisition may have succeeded unseen, retrying until a server
-    /// answers (for up to a minute, or the TTL when longer). An attempt sent before a freeze or a
-    /// reset connection can still run when the server resumes; a release answered after the
-    /// resume runs after it, so no grant of a failed call outlives the call by more than that.
-    /// It goes over the connection the acquisition's requests went over (see [`callers`]): a
-    /// release on another connection could overtake a request still on its way.
-    fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration) {
+    /// Releases a token whose acquisition may have succeeded unseen, or whose release no server
+    /// answered, retrying until a server answers (for up to a minute, or the TTL when longer);
+    /// `wake`: its waiters are told, as by the release it stands for. An attempt sent before a
+    /// freeze or a reset connection can still run when the server resumes; a release answered
+    /// after the resume runs after it, so no grant of a failed call outlives the call by more
+    /// than that. It goes over the connection the acquisition's requests went over (see
+    /// [`callers`]): a release on another connection could overtake a request still on its way.
+    fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration, wake: bool) {
         let backend = Arc::clone(&self.backend);
         let route = callers::current();
         let cleanup = Box::pin(async move {
             let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
             let mut pause = Duration::from_millis(50);
             loop {
-                match backend.release(&names, &token, mode, false).await {
+                match backend.release(&names, &token, mode, wake).await {
                     Ok(_) => return,
                     Err(causes)
                         if Instant::now() < give_up
@@ -386,7 +399,7 @@ impl Engine {
             self.background.spawn_on(
                 async move {
                     // Lost by definition now: only a failure to reach the servers is news.
-                    if let Err(err @ LockError::Unavailable { .. }) =
+                    if let (Err(err @ LockError::Unavailable { .. }), _) =
                         hold::release(&hold, &backend).await
                     {
                         events::release_failed(hold.name(), &err);

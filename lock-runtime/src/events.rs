@@ -145,7 +145,14 @@ pub(crate) fn kept(left: Duration) {
 }
 
 pub(crate) fn release_failed(name: &str, err: &LockError) {
-    tracing::warn!(key = name, %err, "release failed; the lock expires by its ttl");
+    tracing::warn!(key = name, %err, "release failed");
+}
+
+pub(crate) fn release_retried(name: &str) {
+    tracing::debug!(
+        key = name,
+        "no server answered the release: retried in the background until one does"
+    );
 }
 
 pub(crate) fn cleanup_failed(name: &str, causes: &[NodeFailure]) {

@@ -127,7 +127,9 @@ impl LockGuard {
 
     /// Releases the lock. `Err(Lost)` when it was no longer ours (lost before, or found taken at
     /// release); `Err(Unavailable)` when the servers could not be reached while the lock was still
-    /// valid (it then expires by its TTL).
+    /// valid. A release no server answered (a timeout, a refused or broken connection) goes on in
+    /// the background until one does, for up to a minute (or the TTL when longer): the lock frees
+    /// once the servers are back, or at the latest by its TTL.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         if self.joined {

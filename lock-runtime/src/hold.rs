@@ -7,7 +7,7 @@
 //! - a lost lock stays lost: no later answer (a release that finds the key, a late renewal)
 //!   downgrades it, and a body's success never survives it;
 //! - a release that cannot reach the servers does not undo a body that finished while the lock was
-//!   still valid: the lock expires by its TTL.
+//!   still valid: it is retried in the background, and the lock expires by its TTL at the latest.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -253,13 +253,24 @@ impl Hold {
 
 /// Releases `hold` and decides the outcome. `Err(Lost)` when it was lost before the release or
 /// found taken by it; `Err(Unavailable)` when the servers could not be reached while the lock was
-/// still valid (it then expires by its TTL). Before `min_hold` has passed the keys are not
-/// deleted but left to expire when it passes (see [`let_go_request`]).
-pub(crate) async fn release(hold: &Hold, backend: &Backend) -> Result<(), LockError> {
+/// still valid. Before `min_hold` has passed the keys are not deleted but left to expire when it
+/// passes (see [`let_go_request`]).
+///
+/// Also says whether the keys may still be there for want of an answer: the delete failed in a
+/// way a retry may not (a timeout, a refused or broken connection), lost or not. The caller then
+/// retries it in the background ([`crate::engine`]'s cleanup): the lock frees once a server
+/// answers, not at the end of its TTL (on etcd, a leader change gives the lease its whole TTL
+/// again).
+pub(crate) async fn release(hold: &Hold, backend: &Backend) -> (Result<(), LockError>, bool) {
     let now = Instant::now();
     let was_lost = hold.let_go_at(now);
-    let outcome = let_go_request(hold, backend, hold.keep_for(now, was_lost)).await;
-    settle(hold, was_lost, outcome)
+    let left = hold.keep_for(now, was_lost);
+    let outcome = let_go_request(hold, backend, left).await;
+    let unanswered = left.is_none()
+        && outcome
+            .as_ref()
+            .is_err_and(|causes| causes.iter().all(|c| c.kind.is_transient()));
+    (settle(hold, was_lost, outcome), unanswered)
 }
 
 /// The request that lets go of the keys: delete them and wake their waiters, or, with `left` of

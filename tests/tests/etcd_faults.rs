@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::{
-    ETCD_REQUEST, EtcdCluster, FaultProxy, SCHEDULING_SLACK, bounded, etcd_client, etcd_key,
-    unique_key, wait_until, wait_until_async,
+    CLEANUP_PAUSE, ETCD_REQUEST, EtcdCluster, FaultProxy, SCHEDULING_SLACK, bounded, etcd_client,
+    etcd_key, unique_key, wait_until, wait_until_async,
 };
 
 /// The default retry delay (100 ms) at its largest jitter (x1.5).
@@ -24,6 +24,19 @@ fn leader(cluster: &EtcdCluster) -> usize {
         found.is_some()
     });
     found.unwrap()
+}
+
+/// A task that asks `locks` for `key` with `wait` and answers with the outcome and when it came.
+fn waiter(
+    locks: LockClient,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(Result<lock_runtime::LockGuard, LockError>, Instant)> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let taken = locks.lock(&key).wait(wait).acquire().await;
+        (taken, Instant::now())
+    })
 }
 
 /// Freezes member `frozen` for two ttls while `key` is held and renewed: the holder is never
@@ -104,17 +117,7 @@ async fn the_leader_frozen_the_lock_stays_held_and_a_waiter_gets_it_after_the_re
             .sum()
     };
     let before = watchers();
-    let waiter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let taken = other
-                .lock(&key)
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await;
-            (taken, Instant::now())
-        })
-    };
+    let waiter = waiter(other, &key, Duration::from_secs(10));
     // Waiting: it watches the key, through a member that answers.
     wait_until_async(Duration::from_secs(5), "the waiter watches", || {
         watchers() > before
@@ -157,13 +160,7 @@ async fn a_waiter_whose_watch_start_was_compacted_still_gets_the_lock_within_its
     let guard = locks.lock(&key).acquire().await.unwrap();
     let watchers = cluster.watchers();
     let wait = Duration::from_secs(10);
-    let waiter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let taken = waiting.lock(&key).wait(wait).acquire().await;
-            (taken, Instant::now())
-        })
-    };
+    let waiter = waiter(waiting, &key, wait);
     wait_until_async(Duration::from_secs(5), "the waiter watches", || {
         cluster.watchers() > watchers
     })
@@ -237,6 +234,54 @@ async fn an_acquire_whose_connection_is_reset_in_flight_is_retried_within_its_wa
     eprintln!("reset in flight: granted {:?} after the cut", cut.elapsed());
     assert!(cluster.exists(&etcd_key(&key)), "granted, but no key");
     guard.release().await.unwrap();
+}
+
+/// A release no member answered goes on in the background: the holder's link partitioned during
+/// its release (the held bytes dropped, so the first delete never reaches etcd), then healed. Its
+/// lock (ttl 30 s: a lease that a leader change would renew in full) goes, and a waiter on
+/// another link is granted, within the cleanup's longest pause + two requests of the heal.
+/// Before, the lock stayed for its lease and the waiter's 10 s ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_no_member_answered_is_retried_once_the_partition_heals() {
+    let cluster = EtcdCluster::shared(1);
+    let proxy = FaultProxy::start(cluster.client_port(0));
+    let locks = etcd_client(vec![proxy.http_url()]);
+    let waiting = etcd_client(cluster.endpoints());
+    let key = unique_key("etcd-faults:release-retried");
+    let ttl = Duration::from_secs(30);
+    let guard = locks.lock(&key).ttl(ttl).acquire().await.unwrap();
+    let watchers = cluster.watchers();
+    let waiter = waiter(waiting, &key, Duration::from_secs(10));
+    wait_until_async(Duration::from_secs(5), "the waiter watches", || {
+        cluster.watchers() > watchers
+    })
+    .await;
+    proxy.set_blackhole(true);
+    let sent = proxy.bytes_up();
+    let released = bounded(Duration::from_secs(10), "release", guard.release()).await;
+    assert!(
+        matches!(released, Err(LockError::Unavailable { .. })),
+        "{released:?}"
+    );
+    assert!(proxy.bytes_up() > sent, "the release was never sent");
+    proxy.cut_all();
+    assert!(
+        cluster.exists(&etcd_key(&key)),
+        "the release reached etcd through the partition"
+    );
+    proxy.set_blackhole(false);
+    let healed = Instant::now();
+    let bound = CLEANUP_PAUSE + ETCD_REQUEST * 2 + SCHEDULING_SLACK;
+    let (taken, at) = bounded(bound, "the waiter, after the heal", waiter)
+        .await
+        .unwrap();
+    eprintln!(
+        "release retried: the waiter answered {:?} {:?} after the heal (bound {bound:?})",
+        taken.as_ref().map(|_| "granted"),
+        at - healed
+    );
+    let next = taken.expect("the waiter did not get the lock");
+    next.release().await.unwrap();
 }
 
 /// Someone else revokes the lease a held lock is bound to (its key goes with it): the holder is

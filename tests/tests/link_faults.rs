@@ -303,6 +303,68 @@ async fn partition_during_release_answers_and_frees_by_ttl_at_the_latest() {
     assert!(freed, "the lock outlived its ttl after a failed release");
 }
 
+/// A release no server answered goes on in the background: a partition during the release (its
+/// held bytes dropped, so the first delete never reaches Redis), healed; the lock (ttl 30 s) is
+/// deleted and its waiter, on another link, woken within the cleanup's longest pause + two
+/// request timeouts of the heal. Before, it stayed for its ttl and the waiter's 10 s ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_no_server_answered_is_retried_once_the_partition_heals() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let locks = quick_client(proxy.url());
+    let key = unique_key("link:release-retried");
+    let guard = locks
+        .lock(&key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = client(LockConfig::single(server.url()));
+    let mut waiter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let guard = waiting
+                .lock(&key)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (guard.map(|g| (Instant::now(), g)), waiting)
+        })
+    };
+    await_waiter(&server, &key).await;
+    proxy.set_blackhole(true);
+    let up = proxy.bytes_up();
+    let released = bounded(Duration::from_secs(10), "release", guard.release()).await;
+    assert!(
+        matches!(released, Err(LockError::Unavailable { .. })),
+        "{released:?}"
+    );
+    assert!(proxy.bytes_up() > up, "the release was never sent");
+    proxy.cut_all();
+    assert!(
+        key_exists(&server, &lock_keys(&key).lock),
+        "the release reached Redis through the partition"
+    );
+    let healed = Instant::now();
+    proxy.set_blackhole(false);
+    let bound = CLEANUP_PAUSE + 2 * QUICK_REQUEST + SCHEDULING_SLACK;
+    let (granted, _waiting) = tokio::time::timeout(bound, &mut waiter)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the waiter was not granted within {bound:?} of the heal (lock still there: {})",
+                key_exists(&server, &lock_keys(&key).lock)
+            )
+        })
+        .unwrap();
+    let (at, guard) = granted.expect("the waiter's acquire");
+    eprintln!(
+        "release retried: the waiter granted {:?} after the heal (bound {bound:?})",
+        at - healed
+    );
+    guard.release().await.unwrap();
+}
+
 /// Replies lost, requests delivered: the acquire lands on Redis but its caller never hears of
 /// it. The call must answer `Unavailable` within its bound, and the grant it made must not live
 /// on until its ttl (30 s): the cleanup's release goes through the same half-open link, so it

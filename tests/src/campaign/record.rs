@@ -31,7 +31,8 @@ pub enum Release {
     Ok,
     /// `Err(Lost)`.
     Lost,
-    /// `Err(Unavailable)`: not confirmed; the lock expires by its ttl.
+    /// `Err(Unavailable)`: not confirmed; retried in the background, the lock expires by its ttl at
+    /// the latest.
     Unavailable,
     /// Any other error, or no release (the acquire failed).
     None,
