@@ -209,6 +209,9 @@ pub struct Report {
     /// waited for it (a pause began during its acquire): the shape of a waiter that took a stale
     /// grant after it resumed.
     pub paused_waiter_overlaps: usize,
+    /// Keys asked for in the window after the heal, whose grant the check looked for; `None`
+    /// when the window ended after the workers stopped, so the check could not run.
+    pub heal_checked: Option<usize>,
 }
 
 impl Report {
@@ -303,7 +306,9 @@ pub fn check(ops: &[Op], writes: &[Write], faults: &[Fault], bounds: &Bounds) ->
         }
     }
     report.violations.extend(stale_writes(writes));
-    report.violations.extend(unhealed(ops, bounds));
+    let (unhealed, checked) = unhealed(ops, bounds);
+    report.violations.extend(unhealed);
+    report.heal_checked = checked;
     report
 }
 
@@ -715,11 +720,13 @@ fn stale_writes(writes: &[Write]) -> Vec<Violation> {
 /// several keys counts for one of them only when none of its other keys was held in that
 /// window: its refusal does not say which key was taken (the campaign found a key asked for only
 /// together with one contended throughout, and reported it unhealed).
-fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
+/// Also returns how many keys were asked for in the window (`None`: it ends after the workers
+/// stopped, and nothing is checked).
+fn unhealed(ops: &[Op], bounds: &Bounds) -> (Vec<Violation>, Option<usize>) {
     let window_ns = bounds.linger_ns + bounds.slack_ns;
     let window_end = bounds.healed_ns + window_ns;
     if window_end > bounds.end_ns {
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let mut held: BTreeMap<&str, bool> = BTreeMap::new();
     for op in ops {
@@ -746,7 +753,8 @@ fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
             }
         }
     }
-    asked
+    let checked = asked.len();
+    let unhealed = asked
         .into_iter()
         .filter(|(key, _)| !held.get(key).copied().unwrap_or(false))
         .map(|(key, asked)| Violation::NoGrantAfterHeal {
@@ -763,7 +771,8 @@ fn unhealed(ops: &[Op], bounds: &Bounds) -> Vec<Violation> {
                 .max_by_key(|op| op.hold_start_ns)
                 .map(|op| Box::new(op.clone())),
         })
-        .collect()
+        .collect();
+    (unhealed, Some(checked))
 }
 
 impl fmt::Display for Overlap {
@@ -1248,6 +1257,12 @@ mod tests {
         };
         let report = check(&ops, &[], &[], &etcd);
         assert!(report.is_clean(), "{:?}", report.violations);
+        assert_eq!(report.heal_checked, Some(1));
+        let past_the_end = Bounds {
+            end_ns: etcd.healed_ns + etcd.linger_ns,
+            ..etcd
+        };
+        assert_eq!(check(&ops, &[], &[], &past_the_end).heal_checked, None);
         let found = violations(&ops, &[], &[]);
         assert!(
             matches!(&found[..], [Violation::NoGrantAfterHeal { key, last: Some(last), .. }] if key == "k" && last.pid == 1),

@@ -221,6 +221,10 @@ pub fn table(summaries: &[Summary]) -> String {
             let by: Vec<String> = drops.iter().map(|(k, n)| format!("{k} {n}")).collect();
             faults.push(format!("documented token drops during: {}", by.join(", ")));
         }
+        faults.push(match r.heal_checked {
+            Some(keys) => format!("heal check: {keys} keys"),
+            None => "heal check skipped (its window ended after the workers)".to_owned(),
+        });
         let _ = writeln!(
             out,
             "{:<8} | {:>4} | {:>5} | {:>8} | {:>9} | {:>11} | {:>5} | {:>12} | {:>10} | {:>10} ({:>2})     | {:>8} / {:>5} / {:<15} | {:>15} | {} (seed {})",
