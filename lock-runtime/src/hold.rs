@@ -270,6 +270,13 @@ pub(crate) async fn release(hold: &Hold, backend: &Backend) -> (Result<(), LockE
         && outcome
             .as_ref()
             .is_err_and(|causes| causes.iter().all(|c| c.kind.is_transient()));
+    if was_lost
+        && !unanswered
+        && let Err(causes) = &outcome
+    {
+        // Nobody retries it: the keys, if still ours, expire by their ttl.
+        events::cleanup_failed(hold.name(), causes);
+    }
     (settle(hold, was_lost, outcome), unanswered)
 }
 
@@ -318,12 +325,7 @@ fn settle(
         events::ended(&hold.labels, hold.acquired_at);
     }
     match outcome {
-        _ if was_lost => {
-            if let Err(causes) = outcome {
-                events::cleanup_failed(hold.name(), &causes);
-            }
-            Err(hold.lost_error())
-        }
+        _ if was_lost => Err(hold.lost_error()),
         Ok(true) => {
             events::released(hold.acquired_at);
             Ok(())
