@@ -39,8 +39,8 @@ pub use harness::foreign::{Foreign, Interop};
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, callers_connection,
-    callers_connections, eventually, key_exists, pause_writes, ping_error_code, wait_key_gone,
-    warm_up,
+    callers_connections, eventually, key_exists, pause_writes, ping_error_code,
+    release_lost_in_a_partition, wait_key_gone, waiter, warm_up,
 };
 pub use harness::monitor::{Monitor, Sent};
 pub use harness::proxy::FaultProxy;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockError};
 use lock_tests::{
     CLEANUP_PAUSE, ETCD_REQUEST, EtcdCluster, FaultProxy, SCHEDULING_SLACK, bounded, etcd_client,
-    etcd_key, unique_key, wait_until, wait_until_async,
+    etcd_key, release_lost_in_a_partition, unique_key, wait_until, wait_until_async, waiter,
 };
 
 /// The default retry delay (100 ms) at its largest jitter (x1.5).
@@ -24,19 +24,6 @@ fn leader(cluster: &EtcdCluster) -> usize {
         found.is_some()
     });
     found.unwrap()
-}
-
-/// A task that asks `locks` for `key` with `wait` and answers with the outcome and when it came.
-fn waiter(
-    locks: LockClient,
-    key: &str,
-    wait: Duration,
-) -> tokio::task::JoinHandle<(Result<lock_runtime::LockGuard, LockError>, Instant)> {
-    let key = key.to_owned();
-    tokio::spawn(async move {
-        let taken = locks.lock(&key).wait(wait).acquire().await;
-        (taken, Instant::now())
-    })
 }
 
 /// Freezes member `frozen` for two ttls while `key` is held and renewed: the holder is never
@@ -256,15 +243,7 @@ async fn a_release_no_member_answered_is_retried_once_the_partition_heals() {
         cluster.watchers() > watchers
     })
     .await;
-    proxy.set_blackhole(true);
-    let sent = proxy.bytes_up();
-    let released = bounded(Duration::from_secs(10), "release", guard.release()).await;
-    assert!(
-        matches!(released, Err(LockError::Unavailable { .. })),
-        "{released:?}"
-    );
-    assert!(proxy.bytes_up() > sent, "the release was never sent");
-    proxy.cut_all();
+    release_lost_in_a_partition(&proxy, guard).await;
     assert!(
         cluster.exists(&etcd_key(&key)),
         "the release reached etcd through the partition"

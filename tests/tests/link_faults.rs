@@ -12,7 +12,7 @@ use lock_runtime::{LockClient, LockConfig, LockError, LockGuard};
 use lock_tests::{
     CLEANUP_PAUSE, FaultProxy, KeyEvents, QUICK_REQUEST, RedisServer, SCHEDULING_SLACK,
     await_waiter, bounded, capture, client, eventually, key_exists, lock_keys, ms, quick_client,
-    unique_key, warm_up,
+    release_lost_in_a_partition, unique_key, waiter, warm_up,
 };
 
 fn pttl(admin: &mut redis::Connection, key: &str) -> i64 {
@@ -320,27 +320,9 @@ async fn a_release_no_server_answered_is_retried_once_the_partition_heals() {
         .await
         .unwrap();
     let waiting = client(LockConfig::single(server.url()));
-    let mut waiter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let guard = waiting
-                .lock(&key)
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await;
-            (guard.map(|g| (Instant::now(), g)), waiting)
-        })
-    };
+    let mut waiter = waiter(waiting, &key, Duration::from_secs(10));
     await_waiter(&server, &key).await;
-    proxy.set_blackhole(true);
-    let up = proxy.bytes_up();
-    let released = bounded(Duration::from_secs(10), "release", guard.release()).await;
-    assert!(
-        matches!(released, Err(LockError::Unavailable { .. })),
-        "{released:?}"
-    );
-    assert!(proxy.bytes_up() > up, "the release was never sent");
-    proxy.cut_all();
+    release_lost_in_a_partition(&proxy, guard).await;
     assert!(
         key_exists(&server, &lock_keys(&key).lock),
         "the release reached Redis through the partition"
@@ -348,7 +330,7 @@ async fn a_release_no_server_answered_is_retried_once_the_partition_heals() {
     let healed = Instant::now();
     proxy.set_blackhole(false);
     let bound = CLEANUP_PAUSE + 2 * QUICK_REQUEST + SCHEDULING_SLACK;
-    let (granted, _waiting) = tokio::time::timeout(bound, &mut waiter)
+    let (granted, at) = tokio::time::timeout(bound, &mut waiter)
         .await
         .unwrap_or_else(|_| {
             panic!(
@@ -357,7 +339,7 @@ async fn a_release_no_server_answered_is_retried_once_the_partition_heals() {
             )
         })
         .unwrap();
-    let (at, guard) = granted.expect("the waiter's acquire");
+    let guard = granted.expect("the waiter's acquire");
     eprintln!(
         "release retried: the waiter granted {:?} after the heal (bound {bound:?})",
         at - healed

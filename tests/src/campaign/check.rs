@@ -716,12 +716,11 @@ fn stale_writes(writes: &[Write]) -> Vec<Violation> {
 }
 
 /// Keys asked for after the heal that nobody held within [`Bounds::linger_ns`] (+ slack) of it:
-/// by then every key left by a holder that stopped is gone. An ask for
-/// several keys counts for one of them only when none of its other keys was held in that
-/// window: its refusal does not say which key was taken (the campaign found a key asked for only
-/// together with one contended throughout, and reported it unhealed).
-/// Also returns how many keys were asked for in the window (`None`: it ends after the workers
-/// stopped, and nothing is checked).
+/// by then every key left by a holder that stopped is gone. An ask for several keys counts for
+/// one of them only when none of its other keys was held in that window: its refusal does not
+/// say which key was taken (the campaign found a key asked for only together with one contended
+/// throughout, and reported it unhealed). Also returns how many keys were asked for in the
+/// window (`None`: it ends after the workers stopped, and nothing is checked).
 fn unhealed(ops: &[Op], bounds: &Bounds) -> (Vec<Violation>, Option<usize>) {
     let window_ns = bounds.linger_ns + bounds.slack_ns;
     let window_end = bounds.healed_ns + window_ns;

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use super::proxy::FaultProxy;
 use super::server::RedisServer;
 use super::util::{free_port, poll_until};
 
@@ -246,6 +247,38 @@ pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T
     tokio::time::timeout(limit, fut)
         .await
         .unwrap_or_else(|_| panic!("{what}: no result within {limit:?}"))
+}
+
+/// A task that asks `locks` for `key` with `wait` and answers with the outcome and when it came.
+pub fn waiter(
+    locks: lock_runtime::LockClient,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(
+    Result<lock_runtime::LockGuard, lock_runtime::LockError>,
+    std::time::Instant,
+)> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let taken = locks.lock(&key).wait(wait).acquire().await;
+        (taken, std::time::Instant::now())
+    })
+}
+
+/// Releases `guard`, whose only link is `proxy`, behind a partition whose held bytes are then
+/// dropped: asserts the release answered `Unavailable` and was sent (the proxy read bytes after
+/// the partition began), then resets every connection, so it never reaches the server. The
+/// partition stays on: the caller checks that the lock is still there, then heals it.
+pub async fn release_lost_in_a_partition(proxy: &FaultProxy, guard: lock_runtime::LockGuard) {
+    proxy.set_blackhole(true);
+    let sent = proxy.bytes_up();
+    let released = bounded(Duration::from_secs(10), "release", guard.release()).await;
+    assert!(
+        matches!(released, Err(lock_runtime::LockError::Unavailable { .. })),
+        "{released:?}"
+    );
+    assert!(proxy.bytes_up() > sent, "the release was never sent");
+    proxy.cut_all();
 }
 
 /// Waits (bounded) until someone subscribed to the release channel of lock `name` (default
