@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use lock_runtime::{FailureKind, LockClient, LockConfig, LockError};
 use lock_tests::history::{self, Grant, now_ns};
 use lock_tests::{
-    KeyEvents, RedisCluster, RedisServer, SCHEDULING_SLACK, SentinelSet, bounded, default_validity,
-    eventually, lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
+    KeyEvents, RedisCluster, RedisServer, SCHEDULING_SLACK, SentinelOptions, SentinelSet, bounded,
+    default_validity, eventually, lock_keys, pause_writes, unique_key, wait_until_async, warm_up,
 };
 
 /// What a stress task saw: its grants, and how its calls ended otherwise.
@@ -614,10 +614,16 @@ async fn sentinel_forced_failover_is_followed_while_the_old_master_still_answers
 /// is `Unavailable`, or `Ok` only through a fresh same-token attempt made after the pause (a
 /// second write of the key after the late grant, within the call's bound): never by the late
 /// reply. Once the pause is over, nothing is left within the ttl + slack.
+///
+/// `still_master()` tells whether the topology still names `master` the key's master: checked
+/// after each round, since a failover during the pause would hand the call an unpaused master,
+/// whose grant is a fresh one (a write pause blocks the sentinels' hello `PUBLISH`, and with it
+/// their pings behind it on the same link: a 1 s down-after fails the master over).
 async fn replies_past_validity_are_never_success(
     config: &LockConfig,
     master: &RedisServer,
     key: &str,
+    still_master: impl Fn() -> bool,
 ) {
     let ttl = Duration::from_millis(300);
     let validity = default_validity(ttl);
@@ -654,6 +660,10 @@ async fn replies_past_validity_are_never_success(
                 .arg("UNPAUSE")
                 .query(&mut master.admin())
                 .unwrap();
+            assert!(
+                tokio::task::block_in_place(&still_master),
+                "{what}: the key's master changed during the pause, so the round proves nothing"
+            );
             // The patient client's late reply comes within its timeouts, over a connection it
             // keeps: its grant lands. The impatient client's last attempt times out as the pause
             // ends, and a connection closed after a timeout takes the write the pause held with
@@ -728,18 +738,34 @@ async fn replies_past_validity_are_never_success(
 async fn cluster_replies_past_validity_are_never_success() {
     let cluster = RedisCluster::start();
     let key = unique_key("cluster:past-validity");
-    let master = cluster.master_of(&lock_keys(&key).lock);
-    replies_past_validity_are_never_success(&LockConfig::cluster(cluster.urls()), master, &key)
-        .await;
+    let lock = lock_keys(&key).lock;
+    let master = cluster.master_of(&lock);
+    replies_past_validity_are_never_success(
+        &LockConfig::cluster(cluster.urls()),
+        master,
+        &key,
+        || cluster.master_of(&lock).port() == master.port(),
+    )
+    .await;
 }
 
-/// [`replies_past_validity_are_never_success`] behind Sentinel (its master).
+/// [`replies_past_validity_are_never_success`] behind Sentinel (its master). The sentinels'
+/// down-after outlasts every pause with room to spare: with the harness's 1 s, four 2 s write
+/// pauses in a row failed the master over (by hand, Redis 7.0), and the impatient client was
+/// then granted by the new master (a CI failure).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_replies_past_validity_are_never_success() {
-    let set = SentinelSet::start();
+    let set = SentinelSet::start_with(SentinelOptions {
+        down_after: Some(Duration::from_secs(10)),
+        ..SentinelOptions::default()
+    });
     let key = unique_key("sentinel:past-validity");
     let config = LockConfig::sentinel(SentinelSet::MASTER_NAME, set.sentinel_urls());
-    replies_past_validity_are_never_success(&config, set.master(), &key).await;
+    let named = set.master_port();
+    replies_past_validity_are_never_success(&config, set.master(), &key, || {
+        set.master_port() == named
+    })
+    .await;
 }
 
 /// Waits (bounded by a replication round trip on a loaded machine) until `node`'s copy of the fence
