@@ -226,7 +226,7 @@ impl Engine {
         .await;
         drop(strategy);
         if let Some(token) = ended.unsure {
-            self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl, false);
+            self.cleanup(Arc::clone(&req.names), token, req.mode, req.ttl);
         }
         match ended.result {
             Ok(granted) => self.hold(req, granted),
@@ -290,7 +290,6 @@ impl Engine {
                 hold.token.clone(),
                 hold.mode,
                 hold.ttl,
-                true,
             );
         }
         outcome
@@ -326,20 +325,23 @@ impl Engine {
     }
 
     /// Releases a token whose acquisition may have succeeded unseen, or whose release no server
-    /// answered, retrying until a server answers (for up to a minute, or the TTL when longer);
-    /// `wake`: its waiters are told, as by the release it stands for. An attempt sent before a
-    /// freeze or a reset connection can still run when the server resumes; a release answered
+    /// answered, retrying until a server answers (for up to a minute, or the TTL when longer).
+    /// Its waiters are told, as by a release: a grant nobody uses was a real key all the same,
+    /// and the waiters it refused marked the lock and sleep on the strength of its holder's
+    /// announcement (a grant given back without a wake-up held them up for their longest
+    /// pause). Nobody contends with them for it: the call it stands for is over. An attempt sent
+    /// before a freeze or a reset connection can still run when the server resumes; a release answered
     /// after the resume runs after it, so no grant of a failed call outlives the call by more
     /// than that. It goes over the connection the acquisition's requests went over (see
     /// [`callers`]): a release on another connection could overtake a request still on its way.
-    fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration, wake: bool) {
+    fn cleanup(&self, names: Names, token: Token, mode: Mode, ttl: Duration) {
         let backend = Arc::clone(&self.backend);
         let route = callers::current();
         let cleanup = Box::pin(async move {
             let give_up = Instant::now() + ttl.max(Duration::from_secs(60));
             let mut pause = Duration::from_millis(50);
             loop {
-                match backend.release(&names, &token, mode, wake).await {
+                match backend.release(&names, &token, mode, true).await {
                     Ok(_) => return,
                     Err(causes)
                         if Instant::now() < give_up
@@ -395,14 +397,24 @@ impl Engine {
         let held: Vec<Arc<Hold>> = self.held().drain().map(|(_, hold)| hold).collect();
         for hold in held {
             hold.shut_down();
-            let backend = Arc::clone(&self.backend);
+            let engine = Arc::clone(&self);
             self.background.spawn_on(
                 async move {
+                    let (outcome, unanswered) = hold::release(&hold, &engine.backend).await;
                     // Lost by definition now: only a failure to reach the servers is news.
-                    if let (Err(err @ LockError::Unavailable { .. }), _) =
-                        hold::release(&hold, &backend).await
-                    {
+                    if let Err(err @ LockError::Unavailable { .. }) = outcome {
                         events::release_failed(hold.name(), &err);
+                    }
+                    // Retried as a guard's release is, for as long as the wait below lasts
+                    // (and on, if the runtime outlives it).
+                    if unanswered {
+                        events::release_retried(hold.name());
+                        engine.cleanup(
+                            Arc::clone(&hold.names),
+                            hold.token.clone(),
+                            hold.mode,
+                            hold.ttl,
+                        );
                     }
                 },
                 &self.runtime,

@@ -444,9 +444,12 @@
 //!   guard is returned, so every later majority hands out a larger one (as long as no node loses its counters). Every node
 //!   announces a release; a waiter listens at one, the gate of its lock (chosen by the lock's
 //!   first key: the node its attempts ask first), and at the others when that one does not
-//!   confirm its subscription. A waiter whose pause ran out with the same copy on the gate asks
-//!   every node: a copy left there by a release whose part on the gate failed holds it up for
-//!   one pause, not for that copy's ttl (DEPLOYING.md, "The gate").
+//!   confirm its subscription. A release's part on a node that may have run unseen (no answer,
+//!   a reset connection) is sent again until the node answers, so a copy it left there goes,
+//!   with the release announced, once the releaser reaches the node again. A waiter whose pause
+//!   ran out with the same copy on the gate asks every node: a copy the releaser cannot reach
+//!   holds it up for one pause (at most `8 x retry_delay x (1 + retry_jitter)`, 1.2 s by
+//!   default), not for that copy's ttl (DEPLOYING.md, "The gate").
 //! - Always: a crashed holder's lock frees itself within its TTL; only the owner (by a random
 //!   UUID token) extends or releases; loss is signalled; no orphan locks after cancellation, panic
 //!   or [`shutdown`]; contention and failure are distinct errors; every acquire answers within its

@@ -1644,16 +1644,17 @@ async fn a_token_is_handed_out_once_a_majority_of_its_granting_nodes_has_it() {
     .await;
 }
 
-/// The backoff of [`a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause`]'s waiter:
-/// its pauses (`retry_delay` doubling, jittered by half, at most 2 x 20 ms x 1.5 = 60 ms) stay
-/// below a second, so its attempts stay gated (the gate is taken for a lock found held in the
-/// last second).
-const STALE_GATE_RETRY: Duration = Duration::from_millis(20);
-/// A bound on the longest pause of that waiter: 8 x [`STALE_GATE_RETRY`] x 1.5 (the backoff's
-/// cap before it was `2 x retry_delay x 1.5`, which this still bounds).
-const STALE_GATE_PAUSE: Duration = Duration::from_millis(240);
+/// The longest pause of a waiter with the default `retry_delay` (100 ms) behind a holder of this
+/// library, whose release announces itself: 8 x 100 ms x 1.5 (`retry_jitter` 0.5). A stale copy
+/// on the gate announces nothing, so it holds a gated waiter up for at most one such pause
+/// (DEPLOYING.md, "The gate"; it said `2 x retry_delay x 1.5`, 300 ms, the bound behind a release
+/// that announces nothing, which a waiter behind our holder no longer keeps: measured 378-889
+/// ms).
+const ANNOUNCED_PAUSE: Duration = Duration::from_millis(1200);
 /// The old holder's ttl: what its copy left on the gate held a gated waiter up for.
 const STALE_GATE_TTL: Duration = Duration::from_secs(30);
+/// The first pause before a release's part that may have run unseen is sent again.
+const PART_RETRY: Duration = Duration::from_millis(50);
 
 /// The value of `key`'s lock on `node` (the holder's token: compared, never printed).
 fn lock_value(node: &RedisServer, key: &str) -> Option<String> {
@@ -1663,64 +1664,84 @@ fn lock_value(node: &RedisServer, key: &str) -> Option<String> {
         .unwrap()
 }
 
-/// A release whose part on the lock's gate node is lost (the link reset mid-request) returns
-/// once the other two confirmed it, and leaves the old holder's copy on the gate until its ttl.
-/// A waiter already waiting asks the gate alone (the lock is contended) and listens there alone:
-/// it was told "held" at every attempt, heard no release, and waited out the copy's ttl (30 s),
-/// while the majority was free. A gated attempt after a pause that heard no release, refused by
-/// the same copy as the attempt before, asks every node: the waiter is granted within one pause.
+/// A holder whose link to the lock's gate goes through `proxy`, the lock held by it on every
+/// node, and a waiter with the default `retry_delay` that was refused by every node and now
+/// listens at the gate (its next attempts ask the gate first). Then the release, whose part on
+/// the gate is held by the proxy and reset with the link: the other two nodes confirm it, which
+/// is the release's majority, and the gate keeps the old holder's copy. Returns the waiter, the
+/// instant of the release, the copy's value, and the holder's client (its release's part on the
+/// gate runs on).
+async fn released_past_the_gate(
+    masters: &RedisMasters,
+    proxy: &FaultProxy,
+    key: &str,
+) -> (
+    tokio::task::JoinHandle<Result<LockGuard, LockError>>,
+    Instant,
+    Option<String>,
+    LockClient,
+) {
+    let gate = redlock_gate(key, 3);
+    let mut urls = masters.urls();
+    urls[gate] = proxy.url();
+    let holder = redlock_client(urls);
+    warm_up(&holder).await;
+    let waiter = redlock_client(masters.urls());
+    let guard = holder
+        .lock(key)
+        .ttl(STALE_GATE_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
+    wait_on_all(&nodes, key).await;
+    let held_by = lock_value(nodes[gate], key);
+    assert!(held_by.is_some());
+    let waiting = start_acquire(waiter.lock(key).wait(Duration::from_secs(20)));
+    await_waiter(nodes[gate], key).await;
+    proxy.set_blackhole(true);
+    guard.release().await.unwrap();
+    proxy.cut_all();
+    let released = Instant::now();
+    for node in all_but(masters, gate) {
+        assert!(
+            lock_value(node, key) != held_by,
+            "the release did not reach port {}",
+            node.port()
+        );
+    }
+    (waiting, released, held_by, holder)
+}
+
+/// A release whose part on the gate is lost while the releaser cannot reach the gate at all (the
+/// link reset, and the gate unreachable since: the part's retries are held too) leaves the old
+/// holder's copy there until its ttl, and the gate announces nothing. A gated attempt after a
+/// pause that heard no release, refused by the same copy as the attempt before, asks every node:
+/// the waiter is granted within one pause, the longest behind an announced holder (1.2 s with
+/// the default `retry_delay`), not the copy's ttl (30 s).
 #[tokio::test]
 async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
     let masters = RedisMasters::start(3);
     let key = unique_key("redlock:stale-gate");
     let gate = redlock_gate(&key, 3);
     let proxy = FaultProxy::start(masters.nodes[gate].port());
-    let mut urls = masters.urls();
-    urls[gate] = proxy.url();
-    let holder = redlock_client(urls);
-    warm_up(&holder).await;
-    let waiter = LockClient::new(config(masters.urls()).retry_delay(STALE_GATE_RETRY)).unwrap();
-    let guard = holder
-        .lock(&key)
-        .ttl(STALE_GATE_TTL)
-        .acquire()
-        .await
-        .unwrap();
-    let nodes: Vec<&RedisServer> = masters.nodes.iter().collect();
-    wait_on_all(&nodes, &key).await;
-    let held_by = lock_value(nodes[gate], &key);
-    assert!(held_by.is_some());
-    let waiting = start_acquire(waiter.lock(&key).wait(Duration::from_secs(20)));
-    // Refused by every node, it listens at the gate; its next attempts ask the gate first.
-    await_waiter(nodes[gate], &key).await;
-    // The release's part on the gate is held by the proxy, then reset with the link: it never
-    // reaches the gate. The other two nodes confirm it, which is the release's majority.
-    proxy.set_blackhole(true);
-    guard.release().await.unwrap();
-    proxy.cut_all();
-    let released = Instant::now();
+    let (waiting, released, held_by, _holder) =
+        released_past_the_gate(&masters, &proxy, &key).await;
     assert!(
-        lock_value(nodes[gate], &key) == held_by,
+        lock_value(&masters.nodes[gate], &key) == held_by,
         "the gate no longer has the old holder's copy"
     );
-    for node in all_but(&masters, gate) {
-        assert!(
-            lock_value(node, &key) != held_by,
-            "the release did not reach port {}",
-            node.port()
-        );
-    }
     // The attempt in flight at the release (the gate, then the others: two requests), at most
     // one pause, and the attempt after it.
-    let bound = QUICK_REQUEST * 4 + STALE_GATE_PAUSE + SCHEDULING_SLACK;
+    let bound = QUICK_REQUEST * 4 + ANNOUNCED_PAUSE + SCHEDULING_SLACK;
     let got = tokio::time::timeout(bound, waiting).await;
     let took = released.elapsed();
     let stale: i64 = redis::cmd("PTTL")
         .arg(lock_keys(&key).lock)
-        .query(&mut nodes[gate].admin())
+        .query(&mut masters.nodes[gate].admin())
         .unwrap();
     assert!(
-        lock_value(nodes[gate], &key) == held_by && stale > 20_000,
+        lock_value(&masters.nodes[gate], &key) == held_by && stale > 20_000,
         "the gate's stale copy is gone (PTTL {stale} ms): it did not hold the waiter up"
     );
     let got = got
@@ -1729,6 +1750,40 @@ async fn a_stale_copy_on_the_gate_holds_up_a_waiter_at_most_one_pause() {
         .unwrap_or_else(|e| panic!("after {took:?}: {e:?}"));
     eprintln!("redlock: a waiter behind a stale gate copy granted {took:?} after the release");
     got.release().await.unwrap();
+}
+
+/// The same release, the link to the gate reset and reachable again at once (a connection
+/// reset, a restarted proxy): the part on the gate, which may have run unseen, is sent again
+/// after 50 ms over a new connection, deletes the old holder's copy and announces the release.
+/// Before, a part was never sent again once a majority confirmed the release: the copy stayed
+/// for its ttl (30 s), and each waiter that asked the gate waited a pause for it.
+#[tokio::test]
+async fn a_release_part_the_gate_lost_with_its_link_is_sent_again() {
+    let masters = RedisMasters::start(3);
+    let key = unique_key("redlock:part-sent-again");
+    let gate = redlock_gate(&key, 3);
+    let proxy = FaultProxy::start(masters.nodes[gate].port());
+    let (waiting, released, held_by, _holder) =
+        released_past_the_gate(&masters, &proxy, &key).await;
+    proxy.set_blackhole(false);
+    // The reset part's retry: its pause, a new connection and the request. (The waiter may hold
+    // the lock on the gate by then: the old holder's copy is what must go.)
+    let bound = PART_RETRY + QUICK_REQUEST + SCHEDULING_SLACK;
+    let gone = wait_until_async(bound, "the gate's copy deleted by the retried part", || {
+        lock_value(&masters.nodes[gate], &key) != held_by
+    })
+    .await;
+    eprintln!("redlock: the gate's copy deleted {gone:?} after the release");
+    // Announced: the waiter, which listens at the gate, is granted within its attempt.
+    let guard = bounded(QUICK_REQUEST * 2 + SCHEDULING_SLACK, "the waiter", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "redlock: the waiter granted {:?} after the release",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
 }
 
 /// A writer granted by a majority while one node still had the reader it waited for, and

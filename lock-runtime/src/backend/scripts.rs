@@ -485,8 +485,9 @@ pub(crate) static FAIR_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 /// does. Otherwise every waiter is woken, and each refused one sets the flag again. A withdrawal
 /// leaves the flag to the waiters it is theirs. A wake-up ("2") acts as the release it follows
 /// while the lock is still free; once someone took it, it only wakes the waiters that do not
-/// queue (see [`TAKE_BACK_QUIETLY`]). Returns 1 when `token` held the lock (a wake-up: when the
-/// lock is free).
+/// queue. A release ("1") that finds the lock free and the flag there wakes too (a release of
+/// the same token may have run unseen, see [`TAKE_BACK_QUIETLY`]). Returns 1 when `token` held
+/// the lock (a wake-up: when the lock is free).
 pub(crate) static EXCLUSIVE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(&[
         "local K, Q, E, W = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n",
@@ -500,7 +501,7 @@ if type(holder) == 'table' then
   if redis.call('EXISTS', W) == 0 then return 0 end
 end
 if redis.call('EXISTS', Q) == 0 then
-  if released == 1 and ARGV[4] ~= '0' then redis.pcall(ARGV[2], ARGV[3], '') end
+  if woke then redis.pcall(ARGV[2], ARGV[3], '') end
   return released
 end
 ",
@@ -513,45 +514,58 @@ end
 if handed > 0 then mark_waiting(W, handed) end
 local last = redis.call('ZRANGE', E, -1, -1, 'WITHSCORES')
 if last[1] then mark_waiting(W, math.max(tonumber(last[2]) - now, 1)) end
-if not head[1] and released == 1 and ARGV[4] ~= '0' then redis.pcall(ARGV[2], ARGV[3], '') end
+if not head[1] and woke then redis.pcall(ARGV[2], ARGV[3], '') end
 return released
 ",
     ])
 });
 
 /// Lua for [`EXCLUSIVE_RELEASE`]: deletes the lock `K` if `ARGV[1]` (the token) holds it, with
-/// the waiting flag `W` when it wakes (`ARGV[4]`), and returns at once when nobody waits (the
-/// flag was not there). A wake-up after a native release (`ARGV[4]` "2") deletes the flag and
-/// goes on as the release while the lock is free; when someone took it in between, it still
+/// the waiting flag `W` when it wakes (`ARGV[4]` "1" or "2"), and returns at once when nobody
+/// waits (the flag was not there). When the lock is free and the flag is there, a release or a
+/// wake-up deletes the flag and goes on as the release that freed it: someone waits and nobody
+/// told them. That is the wake-up after a native release ("2", which answers 1 then), and the
+/// background retry of a release whose answer was lost ("1": the first request may have deleted
+/// the lock unseen; a native release's reply lost on its way back left the key gone and nobody
+/// woken), and the release of a lock that ran out while its waiters slept on the strength of its
+/// holder's announcement. A wake-up that finds the lock still held by the token releases it (the
+/// native delete it follows never ran); when someone else took the lock in between, it still
 /// wakes the waiters unless they queue (they find it held, and mark it again), and keeps the
 /// flag: under Redlock the releaser's next attempt often lands on a node before its previous
 /// release's wake-up there (a release returns once a quorum confirmed it), and waiters woken by
-/// nobody would wait for their next poll.
-/// Leaves `released` and `holder` as [`TAKE_BACK`] does; a `holder` of another type (a shared
-/// lock's sorted set, where a writer's mark may be ours) is the caller's to handle.
+/// nobody would wait for their next poll. A withdrawal ("0") wakes nobody and leaves the flag
+/// to the waiters it is theirs.
+/// Leaves `released` and `holder` as [`TAKE_BACK`] does, and `woke` (true when the release is
+/// to wake the waiters: the lock is free, and it is not a withdrawal); a `holder` of another
+/// type (a shared lock's sorted set, where a writer's mark may be ours) is the caller's to
+/// handle.
 const TAKE_BACK_QUIETLY: &str = r"
-local released = 0
+local released, woke = 0, false
 local holder = redis.pcall('GET', K)
-if ARGV[4] == '2' then
-  if holder then
+if holder == ARGV[1] then
+  released = 1
+  holder = false
+  if ARGV[4] == '0' then
+    redis.call('DEL', K)
+    if redis.call('EXISTS', W) == 0 then return 1 end
+  else
+    woke = true
+    if redis.call('DEL', K, W) == 1 then return 1 end
+  end
+elseif holder then
+  if ARGV[4] == '2' then
     if type(holder) ~= 'table' and redis.call('EXISTS', Q) == 0 then
       redis.pcall(ARGV[2], ARGV[3], '')
     end
     return 0
   end
-  released = 1
-  if redis.call('DEL', W) == 0 then return 1 end
-elseif holder == ARGV[1] then
-  released = 1
-  holder = false
-  if ARGV[4] == '1' then
-    if redis.call('DEL', K, W) == 1 then return 1 end
-  else
-    redis.call('DEL', K)
-    if redis.call('EXISTS', W) == 0 then return 1 end
-  end
-elseif type(holder) ~= 'table' and redis.call('EXISTS', W) == 0 then
-  return 0
+  if type(holder) ~= 'table' and redis.call('EXISTS', W) == 0 then return 0 end
+elseif ARGV[4] == '0' then
+  if redis.call('EXISTS', W) == 0 then return 0 end
+else
+  if ARGV[4] == '2' then released = 1 end
+  if redis.call('DEL', W) == 0 then return released end
+  woke = true
 end
 ";
 

@@ -1,6 +1,7 @@
 //! Keyspace notifications of one server, each recorded with the instant it arrived: proof that a
 //! late request reached Redis (`set`: a grant landed), and of what removed a key afterwards
-//! (`del`: a release; `expired`: its ttl; `evicted`).
+//! (`del`: a release; `expired`: its ttl; `evicted`); and the messages published on a channel
+//! (a release's wake-up).
 
 // A harness failure should stop the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +17,16 @@ use super::server::RedisServer;
 const READ_TIMEOUT: Duration = Duration::from_millis(100);
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(2);
+/// The prefix of keyspace notification channels (database 0).
+const KEYSPACE: &str = "__keyspace@0__:";
+
+/// What a [`KeyEvents`] listens to.
+enum Subscription {
+    /// The keyspace events of the keys matching a glob.
+    Keyspace(String),
+    /// The messages published on a channel.
+    Channel(String),
+}
 
 /// One keyspace event: what happened to `key`, and when this process heard of it (on loopback,
 /// a millisecond or so after the server did it; a frozen server's events arrive once it thaws).
@@ -48,10 +59,19 @@ impl KeyEvents {
             .arg("KA")
             .query(&mut server.admin())
             .unwrap();
+        Self::record(server, Subscription::Keyspace(pattern.to_owned()))
+    }
+
+    /// Records every message published on `channel` (a lock's release channel, say) as an event
+    /// of the "key" `channel` whose `event` is the message: a release's wake-up is an empty one.
+    /// Returns once subscribed.
+    pub fn published(server: &RedisServer, channel: &str) -> KeyEvents {
+        Self::record(server, Subscription::Channel(channel.to_owned()))
+    }
+
+    fn record(server: &RedisServer, what: Subscription) -> KeyEvents {
         let mut conn = server.admin();
         conn.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        let prefix = "__keyspace@0__:";
-        let channel = format!("{prefix}{pattern}");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (subscribed_tx, subscribed) = std::sync::mpsc::channel();
@@ -59,13 +79,18 @@ impl KeyEvents {
             let (seen, stop) = (Arc::clone(&seen), Arc::clone(&stop));
             thread::spawn(move || {
                 let mut pubsub = conn.as_pubsub();
-                pubsub.psubscribe(&channel).unwrap();
+                match &what {
+                    Subscription::Keyspace(pattern) => {
+                        pubsub.psubscribe(format!("{KEYSPACE}{pattern}")).unwrap();
+                    }
+                    Subscription::Channel(channel) => pubsub.subscribe(channel).unwrap(),
+                }
                 let _ = subscribed_tx.send(());
                 while !stop.load(Ordering::SeqCst) {
                     match pubsub.get_message() {
                         Ok(msg) => {
                             let at = Instant::now();
-                            let key = msg.get_channel_name().trim_start_matches(prefix);
+                            let key = msg.get_channel_name().trim_start_matches(KEYSPACE);
                             let event: String = msg.get_payload().unwrap_or_default();
                             seen.lock()
                                 .unwrap_or_else(PoisonError::into_inner)
@@ -85,7 +110,7 @@ impl KeyEvents {
         }
         subscribed
             .recv_timeout(SUBSCRIBE_TIMEOUT)
-            .expect("the keyspace subscription did not start");
+            .expect("the subscription did not start");
         KeyEvents { seen, stop }
     }
 

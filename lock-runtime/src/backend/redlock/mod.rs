@@ -83,6 +83,7 @@ async fn acquire_on(
         step.mark_failed(failure);
     }
     let held_by_another = matches!(reply, Ok(Attempt::Held { .. }));
+    let unanswered = reply.is_err();
     let _ = reply_tx.send((step.index, reply));
     let keep = matches!(
         verdict.wait_for(Option::is_some).await.as_deref(),
@@ -92,16 +93,46 @@ async fn acquire_on(
         place_after_a_split(&node, &step, &names, &token, ask).await;
     }
     if !keep && !held_by_another {
-        // Withdrawn, not released: these grants never were a lock, so no release is published.
-        // An announcement would wake every waiter, the withdrawing one included, into another
-        // attempt at once: a busy loop for as long as a real holder keeps a majority that
-        // lacks the gate (say the gate restarted empty). Contenders after a split retry after
-        // a short jittered pause instead (`Attempt::Held` with `pttl` zero).
-        if let Err(failure) = node.release_here(&names, &token, ask.mode, false).await {
+        // Withdrawn, not released: a grant the node answered never was a lock, so no release
+        // is published. An announcement would wake every waiter, the withdrawing one included,
+        // into another attempt at once: a busy loop for as long as a real holder keeps a
+        // majority that lacks the gate (say the gate restarted empty). Contenders after a split
+        // retry after a short jittered pause instead (`Attempt::Held` with `pttl` zero). A
+        // grant whose answer was lost is told as a release: it may have refused waiters for as
+        // long as its request took (they sleep on the strength of its announcement), and no
+        // busy loop comes of it, since each such attempt costs its caller a request timeout.
+        if let Err(failure) = node
+            .release_here(&names, &token, ask.mode, unanswered)
+            .await
+        {
             step.mark_failed(&failure);
         }
     }
     drop(step);
+}
+
+/// How long a release's part that failed transiently on a node is sent again (see
+/// [`Quorum::release`]): as long as the engine retries a release no server answered.
+const RELEASE_RETRIES_FOR: Duration = Duration::from_secs(60);
+
+/// Sends a node's part again (`send`) until the node answers, or refuses it (down: see
+/// [`Quorum::on_every_node`]), pausing 50 ms doubling to a second between tries, for up to
+/// `give_up_after`.
+async fn retry_part<F>(give_up_after: Duration, send: impl Fn() -> F)
+where
+    F: Future<Output = Result<bool, NodeFailure>>,
+{
+    let give_up = Instant::now() + give_up_after;
+    let mut pause = Duration::from_millis(50);
+    while Instant::now() + pause < give_up {
+        tokio::time::sleep(pause).await;
+        match send().await {
+            Err(failure) if failure.kind.may_have_applied() => {
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            _ => return,
+        }
+    }
 }
 
 /// The pauses before each new try to place a won lock on a node that another token held when it
@@ -609,6 +640,15 @@ impl Quorum {
     /// "not ours"), while the remaining nodes finish in the background, so a frozen or dead
     /// minority never makes the caller wait. With `wake`, every node announces it: waiters listen
     /// at the gate, and at the others when the gate does not confirm (see `watch`).
+    ///
+    /// A node's part that may have run unseen (no answer in time, a broken connection) is sent
+    /// again in the background until the node answers (see
+    /// [`RELEASE_RETRIES_FOR`]), whatever the quorum decided: a copy left on a node, the gate
+    /// above all, refuses the waiters that ask it until its ttl and announces nothing; and a
+    /// release that ran there unseen (its answer lost on the way back) woke nobody when it was
+    /// the server's own compare-and-delete, whose wake-up follows its answer. The retry goes by
+    /// script (a node that timed out forgets its native commands), which wakes the waiters when
+    /// it finds the lock free and marked waited for.
     pub(crate) async fn release(
         &self,
         names: &Names,
@@ -616,7 +656,8 @@ impl Quorum {
         mode: Mode,
         wake: bool,
     ) -> Result<bool, Vec<NodeFailure>> {
-        self.on_every_node(names, token, move |node, names, token| async move {
+        let retry = Some(RELEASE_RETRIES_FOR);
+        self.on_every_node(names, token, retry, move |node, names, token| async move {
             node.release_here(&names, &token, mode, wake).await
         })
         .await
@@ -630,19 +671,26 @@ impl Quorum {
         token: &Token,
         left: Duration,
     ) -> Result<bool, Vec<NodeFailure>> {
-        self.on_every_node(names, token, move |node, names, token| async move {
+        // Not retried: a keep sent again later would set the expiry from then on.
+        self.on_every_node(names, token, None, move |node, names, token| async move {
             node.keep(&names, &token, left).await
         })
         .await
     }
 
     /// Runs `call` (one request that answers whether all the keys were ours) on every node, each
-    /// in its own task, and returns once a quorum said "ours" or "not ours".
+    /// in its own task, and returns once a quorum said "ours" or "not ours". With `retry`, a
+    /// node's part that may have run unseen is sent again in the background, pausing 50 ms
+    /// doubling to a second, for up to that long. Not one that was refused: it never reached
+    /// the node, which is down (a node that comes back with its data keeps the copy until its
+    /// ttl, one pause of a gated waiter's), and a retry per release for as long as a node is
+    /// down is a load its minority should not cost.
     async fn on_every_node<F>(
         &self,
         names: &Names,
         token: &Token,
-        call: impl Fn(Arc<RedisNode>, Names, Token) -> F,
+        retry: Option<Duration>,
+        call: impl Fn(Arc<RedisNode>, Names, Token) -> F + Clone + Send + 'static,
     ) -> Result<bool, Vec<NodeFailure>>
     where
         F: Future<Output = Result<bool, NodeFailure>> + Send + 'static,
@@ -652,14 +700,27 @@ impl Quorum {
         let mut parts = Fanout::new(&self.tasks, self.nodes.len());
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
             let request = call(Arc::clone(node), Arc::clone(names), token.clone());
+            let again = retry.map(|give_up_after| {
+                let (call, node) = (call.clone(), Arc::clone(node));
+                let (names, token) = (Arc::clone(names), token.clone());
+                move || {
+                    retry_part(give_up_after, move || {
+                        call(Arc::clone(&node), Arc::clone(&names), token.clone())
+                    })
+                }
+            });
             let tx = tx.clone();
             parts.push(async move {
                 step.after_previous().await;
                 let reply = request.await;
+                let unseen = reply.as_ref().is_err_and(|f| f.kind.may_have_applied());
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
                 let _ = tx.send(reply);
+                if let Some(again) = again.filter(|_| unseen) {
+                    again().await;
+                }
                 drop(step);
             });
         }

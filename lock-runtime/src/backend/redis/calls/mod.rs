@@ -442,7 +442,9 @@ impl Calls {
 
     /// A grant's reply (`fences`: one per name, 0 without fencing), checked against
     /// `min_replicas`' acknowledgements (`acks`): a grant too few replicas acknowledged is
-    /// withdrawn (nobody waits for a lock that never was) and answered as a failure.
+    /// given back and answered as a failure. It is given back as a release, waking the waiters:
+    /// it was a real key while the replicas were awaited, and the waiters it refused meanwhile
+    /// marked the lock and sleep on the strength of its announcement.
     #[allow(clippy::too_many_arguments)]
     async fn granted<C: Conn>(
         &self,
@@ -458,7 +460,7 @@ impl Calls {
             && acks < replicas.count
         {
             let short = self.too_few_replicas("grant", acks);
-            return match self.release(conn, names, token, mode, false).await {
+            return match self.release(conn, names, token, mode, true).await {
                 Ok(_) => Err(short),
                 Err(failure) => Err(NodeFailure {
                     detail: format!("{}; withdrawing it failed too", short.detail),
