@@ -5,7 +5,7 @@ use crate::boxed::Boxed;
 use crate::key::{Part, Root};
 use crate::validate::{Key, Locked};
 use lock_rules::Mode;
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
 use quote::{ToTokens as _, TokenStreamExt as _, format_ident, quote, quote_spanned};
 use std::time::Duration;
 use syn::spanned::Spanned as _;
@@ -125,10 +125,18 @@ fn locked_body(locked: &Locked) -> TokenStream {
         }
         None => (TokenStream::new(), locked.body.stmts.clone()),
     };
+    // The user's statements keep a block of their own, located at the fn's braces but hygienic,
+    // so a body that ends without its value (`do_it();`, `Ok(());`) is reported on the body, with
+    // rustc's "remove this semicolon" help, as in a plain async fn. With the fn block's exact span
+    // rustc would take this block for the fn's and blame the closure's unwritten return type (at
+    // the attribute); with a span it takes as user-written, a one-expression body would trip
+    // `unused_braces`.
+    let mut stmts = Group::new(Delimiter::Brace, stmts);
+    stmts.set_span(site.located_at(locked.body.brace.span.join()));
     let body = quote_spanned!(site=> {
         #touch_mutable
         #fake_return
-        { #stmts }
+        #stmts
     });
     // Everything that needs `R: CallResult` or `E: FromLockError` is located on the return type,
     // so a wrong return type is one error there (rustc reports one unsatisfied bound per span),
