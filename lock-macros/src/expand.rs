@@ -2,10 +2,10 @@
 //! the runtime's `__private` module (`::lock_runtime::__private`, or `<crate = "path">::__private`).
 
 use crate::boxed::Boxed;
-use crate::key::{Part, Root};
+use crate::key::{self, Part, Root};
 use crate::validate::{Key, Locked};
 use lock_rules::Mode;
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
 use quote::{ToTokens as _, TokenStreamExt as _, format_ident, quote, quote_spanned};
 use std::time::Duration;
 use syn::spanned::Spanned as _;
@@ -125,10 +125,18 @@ fn locked_body(locked: &Locked) -> TokenStream {
         }
         None => (TokenStream::new(), locked.body.stmts.clone()),
     };
+    // The user's statements keep a block of their own, located at the fn's braces but hygienic,
+    // so a body that ends without its value (`do_it();`, `Ok(());`) is reported on the body, with
+    // rustc's "remove this semicolon" help, as in a plain async fn. With the fn block's exact span
+    // rustc would take this block for the fn's and blame the closure's unwritten return type (at
+    // the attribute); with a span it takes as user-written, a one-expression body would trip
+    // `unused_braces`.
+    let mut stmts = Group::new(Delimiter::Brace, stmts);
+    stmts.set_span(site.located_at(locked.body.brace.span.join()));
     let body = quote_spanned!(site=> {
         #touch_mutable
         #fake_return
-        { #stmts }
+        #stmts
     });
     // Everything that needs `R: CallResult` or `E: FromLockError` is located on the return type,
     // so a wrong return type is one error there (rustc reports one unsatisfied bound per span),
@@ -261,6 +269,13 @@ fn bind_guard(locked: &Locked) -> TokenStream {
 /// Parts are borrowed, never moved, and rendered before the body runs. The coercion to
 /// `&dyn KeyPart` is the only place that needs `Display`, so a part without it is one error, with
 /// `KeyPart`'s message, on the key literal (passing the part to `format!` would be a second one).
+///
+/// rustc, not this crate, knows the fields, so a misspelt one is rustc's error, on the field's
+/// name. Where the compiler gives sub-spans (nightly) that name sits inside the template, and
+/// rustc's "a field with a similar name exists" fix edits it there. Elsewhere it is the whole
+/// literal, made hygienic: rustc offers its fix and its list of fields only for a span it takes as
+/// user-written, and on the literal's own span that fix replaces the whole template with the
+/// field's name. A message without them beats a wrong edit.
 fn render_key(key: &Key, private: &TokenStream) -> TokenStream {
     let span = key.lit.span();
     let site = Span::mixed_site().located_at(span);
@@ -281,18 +296,21 @@ fn render_key(key: &Key, private: &TokenStream) -> TokenStream {
                         ident.into_token_stream()
                     }
                 };
-                let fields = fields.iter().map(|field| match field {
-                    Member::Named(ident) => {
-                        let mut ident = ident.clone();
-                        ident.set_span(span);
-                        quote_spanned!(span=> .#ident)
-                    }
-                    Member::Unnamed(index) => {
-                        let index = syn::Index {
-                            index: index.index,
-                            span,
-                        };
-                        quote_spanned!(span=> .#index)
+                let fields = fields.iter().map(|field| {
+                    let at = key::subspan(&key.lit, field.range.clone()).unwrap_or(site);
+                    match &field.member {
+                        Member::Named(ident) => {
+                            let mut ident = ident.clone();
+                            ident.set_span(at);
+                            quote_spanned!(span=> .#ident)
+                        }
+                        Member::Unnamed(index) => {
+                            let index = syn::Index {
+                                index: index.index,
+                                span: at,
+                            };
+                            quote_spanned!(span=> .#index)
+                        }
                     }
                 });
                 names.push(format_ident!("__lock_part{}", names.len(), span = site));
@@ -513,8 +531,8 @@ mod tests {
         assert_eq!(
             err.as_deref(),
             Some(
-                "unknown name `usr` in key placeholder `<usr>` (the only parameter is `self`; the \
-                 names bound by parameter patterns are `user`, `amount`)"
+                "unknown name `usr` in key placeholder `<usr>`; did you mean `user`? (the only \
+                 parameter is `self`; the names bound by parameter patterns are `user`, `amount`)"
             )
         );
     }

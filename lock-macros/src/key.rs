@@ -9,13 +9,14 @@
 //!   `Path((user, amount)): Path<(u64, i64)>` binds `user` and `amount`, `Point { x, y: why }` binds
 //!   `x` and `why`. What `..` or `_` leaves unbound is not a name, so it is not found.
 //!
-//! Parsing needs the function's parameters ([`Scope`]) so that every message can list them.
+//! Parsing needs the function's parameters ([`Scope`]) so that every message can list them, and
+//! name the one a misspelt placeholder most likely meant.
 
-use proc_macro2::Ident;
+use proc_macro2::{Ident, Span};
 use std::ops::Range;
-use syn::Member;
 use syn::ext::IdentExt as _;
 use syn::parse::Parser as _;
+use syn::{LitStr, Member};
 
 /// The names a template may refer to.
 #[derive(Debug, Default)]
@@ -35,7 +36,16 @@ pub(crate) enum Part {
     /// Literal text, unescaped (`<<` already turned into `<`).
     Text(String),
     /// `<root.fields..>`, rendered by `Display`.
-    Value { root: Root, fields: Vec<Member> },
+    Value { root: Root, fields: Vec<Field> },
+}
+
+/// One `.field` of a placeholder.
+#[derive(Debug)]
+pub(crate) struct Field {
+    pub(crate) member: Member,
+    /// The bytes of its name in the template: rustc checks fields, not this crate, and its errors
+    /// (no such field, private field) belong on the name.
+    pub(crate) range: Range<usize>,
 }
 
 #[derive(Debug)]
@@ -101,7 +111,7 @@ pub(crate) fn parse(template: &str, scope: &Scope) -> Result<Vec<Part>, Vec<Erro
                     continue;
                 };
                 let range = start..end + 1;
-                match placeholder(&template[start + 1..end], scope) {
+                match placeholder(&template[start + 1..end], start + 1, scope) {
                     Ok(part) => {
                         if !text.is_empty() {
                             parts.push(Part::Text(std::mem::take(&mut text)));
@@ -124,8 +134,8 @@ pub(crate) fn parse(template: &str, scope: &Scope) -> Result<Vec<Part>, Vec<Erro
     }
 }
 
-/// Resolves the inside of `<...>`.
-fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
+/// Resolves the inside of `<...>`, which starts at byte `offset` of the template.
+fn placeholder(inner: &str, offset: usize, scope: &Scope) -> Result<Part, String> {
     let written = format!("<{inner}>");
     if inner.is_empty() {
         return Err(format!(
@@ -137,8 +147,18 @@ fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
     let mut segments = inner.split('.');
     let root = segments.next().unwrap_or_default();
     let root_ident = Ident::parse_any.parse_str(root);
-    let fields: Option<Vec<Member>> = segments
-        .map(|segment| syn::parse_str::<Member>(segment).ok())
+    let mut end = offset + root.len();
+    let fields: Option<Vec<Field>> = segments
+        .map(|segment| {
+            let start = end + 1;
+            end = start + segment.len();
+            let member = syn::parse_str::<Member>(segment).ok()?;
+            let name = start + (segment.len() - segment.trim_start().len());
+            Some(Field {
+                member,
+                range: name..name + segment.trim().len(),
+            })
+        })
         .collect();
     let (Ok(root_ident), Some(fields)) = (root_ident, fields) else {
         if inner.contains('(') {
@@ -180,14 +200,87 @@ fn placeholder(inner: &str, scope: &Scope) -> Result<Part, String> {
                 } else {
                     "name"
                 };
+                let hint = nearest(&wanted.to_string(), scope)
+                    .map(|name| format!("; did you mean `{name}`?"))
+                    .unwrap_or_default();
                 return Err(format!(
-                    "unknown {what} `{wanted}` in key placeholder `{written}` ({})",
+                    "unknown {what} `{wanted}` in key placeholder `{written}`{hint} ({})",
                     describe_scope(scope),
                 ));
             }
         }
     };
     Ok(Part::Value { root, fields })
+}
+
+/// The name in `scope` that `wanted` most likely misspells, as rustc picks one for its "a local
+/// variable with a similar name exists": the same name in another case, else the closest within
+/// a third of its length in edits. Never one that shares nothing with it (`x` for `y`).
+fn nearest(wanted: &str, scope: &Scope) -> Option<String> {
+    let names: Vec<String> = scope
+        .receiver
+        .then(|| "self".to_owned())
+        .into_iter()
+        .chain(
+            scope
+                .params
+                .iter()
+                .chain(&scope.pattern_bindings)
+                .map(|ident| ident.unraw().to_string()),
+        )
+        .collect();
+    if let Some(name) = names.iter().find(|name| name.eq_ignore_ascii_case(wanted)) {
+        return Some(name.clone());
+    }
+    let len = wanted.chars().count();
+    let limit = (len.max(3) / 3).min(len.saturating_sub(1));
+    names
+        .into_iter()
+        .map(|name| (distance(wanted, &name), name))
+        .filter(|(edits, _)| *edits <= limit)
+        .min_by_key(|(edits, _)| *edits)
+        .map(|(_, name)| name)
+}
+
+/// Edits (insert, delete, replace, or swap two neighbours) from `a` to `b`: the optimal string
+/// alignment distance, rustc's measure for similar names.
+fn distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // `rows[i][j]`: the distance from `a[..i]` to `b[..j]`.
+    let mut rows = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let replace = rows[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut edits = replace.min(rows[i - 1][j] + 1).min(rows[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                edits = edits.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = edits;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// The span of `range` (bytes of the template) inside `lit`, where the compiler can say (nightly).
+/// Only plain literals without escapes map byte-for-byte.
+pub(crate) fn subspan(lit: &LitStr, range: Range<usize>) -> Option<Span> {
+    let token = lit.token();
+    let source = token.to_string();
+    let offset = source.find('"')?;
+    let raw = source.starts_with('r');
+    if !raw && source.contains('\\') {
+        return None;
+    }
+    let start = offset + 1 + range.start;
+    let end = (offset + 1 + range.end).max(start + 1);
+    token.subspan(start..end)
 }
 
 /// "the parameters are `self`, `user_id`, `amount`", then "the names bound by parameter patterns
@@ -277,7 +370,7 @@ mod tests {
                         };
                         let fields: String = fields
                             .iter()
-                            .map(|member| match member {
+                            .map(|field| match &field.member {
                                 syn::Member::Named(ident) => format!(".{ident}"),
                                 syn::Member::Unnamed(index) => format!(".{}", index.index),
                             })
@@ -356,8 +449,8 @@ mod tests {
         assert_eq!(err.range, 7..20);
         assert_eq!(
             err.message,
-            "unknown parameter `usr_id` in key placeholder `<usr_id.name>` (the parameters are \
-             `self`, `user_id`, `amount`)"
+            "unknown parameter `usr_id` in key placeholder `<usr_id.name>`; did you mean \
+             `user_id`? (the parameters are `self`, `user_id`, `amount`)"
         );
         let err = error("<x>", &scope(&[], false));
         assert!(
@@ -365,6 +458,45 @@ mod tests {
                 .ends_with("(this function has no parameters a key can use)"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn unknown_names_suggest_the_nearest() {
+        let hint = |template: &str, s: &Scope| {
+            let message = error(template, s).message;
+            let (_, rest) = message.split_once("did you mean `")?;
+            rest.split_once('`').map(|(name, _)| name.to_owned())
+        };
+        let s = with_patterns(scope(&["user_id", "shard", "r#type"], true), &["amount"]);
+        assert_eq!(hint("<usr_id>", &s).as_deref(), Some("user_id"));
+        // A swap of neighbours is one edit, as for rustc.
+        assert_eq!(hint("<shrad>", &s).as_deref(), Some("shard"));
+        assert_eq!(hint("<User_Id>", &s).as_deref(), Some("user_id"));
+        assert_eq!(hint("<slf.id>", &s).as_deref(), Some("self"));
+        assert_eq!(hint("<amout>", &s).as_deref(), Some("amount"));
+        assert_eq!(hint("<typ>", &s).as_deref(), Some("type"));
+        // Too far, or nothing in common: no guess.
+        assert_eq!(hint("<uid>", &s), None);
+        assert_eq!(hint("<y>", &scope(&["x"], false)), None);
+        assert_eq!(hint("<x>", &scope(&[], false)), None);
+    }
+
+    #[test]
+    fn field_ranges_locate_each_name() {
+        let template = "o:<order.customer.0>:<self. id>";
+        let parts = match parse(template, &scope(&["order"], true)) {
+            Ok(parts) => parts,
+            Err(errors) => panic!("{errors:?}"),
+        };
+        let names: Vec<&str> = parts
+            .iter()
+            .flat_map(|part| match part {
+                Part::Value { fields, .. } => fields.as_slice(),
+                Part::Text(_) => &[],
+            })
+            .map(|field| &template[field.range.clone()])
+            .collect();
+        assert_eq!(names, ["customer", "0", "id"]);
     }
 
     #[test]

@@ -6,9 +6,8 @@ use crate::boxed::{self, Boxed};
 use crate::errors::Errors;
 use crate::key::{self, Part, Scope};
 use lock_rules::Mode;
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::quote;
-use std::ops::Range;
 use std::time::Duration;
 use syn::parse::{Parse, ParseStream};
 use syn::{
@@ -159,10 +158,8 @@ pub(crate) fn validate(attr: TokenStream, item: TokenStream) -> syn::Result<Lock
                 Ok(parts) => Some(Key { lit, parts }),
                 Err(problems) => {
                     for problem in problems {
-                        errors.push(syn::Error::new(
-                            subspan(&lit, problem.range),
-                            problem.message,
-                        ));
+                        let span = key::subspan(&lit, problem.range).unwrap_or_else(|| lit.span());
+                        errors.push(syn::Error::new(span, problem.message));
                     }
                     None
                 }
@@ -360,21 +357,4 @@ fn bindings<'a>(pat: &'a Pat, out: &mut Vec<&'a PatIdent>) {
         Pat::Type(pat) => bindings(&pat.pat, out),
         _ => {}
     }
-}
-
-/// The span of `range` (bytes of the value) inside `lit`, where the compiler can say (nightly);
-/// otherwise the whole literal. Only plain literals without escapes map byte-for-byte.
-fn subspan(lit: &LitStr, range: Range<usize>) -> Span {
-    let token = lit.token();
-    let source = token.to_string();
-    let Some(offset) = source.find('"') else {
-        return lit.span();
-    };
-    let raw = source.starts_with('r');
-    if !raw && source.contains('\\') {
-        return lit.span();
-    }
-    let start = offset + 1 + range.start;
-    let end = (offset + 1 + range.end).max(start + 1);
-    token.subspan(start..end).unwrap_or_else(|| lit.span())
 }
