@@ -434,14 +434,17 @@ fn a_paused_process_reads_the_clock_only_before_or_after_the_recorded_pause() {
     child.kill().unwrap();
     child.wait().unwrap();
     let readings = readings.join().unwrap();
+    // The reader reads as fast as it runs, but runs only when scheduled, and blocks when the
+    // pipe is full: on a busy machine its readings have gaps of tens of milliseconds (24 ms
+    // before a pause failed a 20 ms bound here with two test binaries beside it).
+    let near = u64::try_from(lock_tests::SCHEDULING_SLACK.as_nanos()).unwrap();
     for (start, end) in spans {
-        // The process was running around the pause: it read the clock just before and after.
+        // The process was running around the pause: it read the clock shortly before and after.
         let before = readings.iter().filter(|&&r| r < start).max().copied();
         let after = readings.iter().filter(|&&r| r > end).min().copied();
         assert!(
-            before.is_some_and(|b| start - b < 20_000_000)
-                && after.is_some_and(|a| a - end < 20_000_000),
-            "no reading within 20 ms of the pause {start}..{end}: {before:?}, {after:?}"
+            before.is_some_and(|b| start - b < near) && after.is_some_and(|a| a - end < near),
+            "no reading within {near} ns of the pause {start}..{end}: {before:?}, {after:?}"
         );
         let inside: Vec<u64> = readings
             .iter()
