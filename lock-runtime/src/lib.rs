@@ -240,7 +240,7 @@
 //! | error | when | the body |
 //! |---|---|---|
 //! | [`LockError::Contended`] `{ key, waited }` | someone else holds the lock and `wait` ran out | did not run |
-//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; in Redlock mode, too many nodes failed for a quorum | did not run |
+//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; something other than Redis at the address (`Protocol`, at once); in Redlock mode, too many nodes failed for a quorum | did not run |
 //! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
 //! | [`LockError::MaxHoldExceeded`] `{ key, max_hold }` | the body ran past `max_hold` | async: stopped at its next `.await`; sync: ran to the end; a success is replaced, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
@@ -249,9 +249,11 @@
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
 //! [`FailureKind`] (`Timeout`, `Refused`, `Io`, `Auth`, `Permission`, `Busy`, `Response`,
-//! `Replication`; `Injected` with the feature `testing`). `Timeout`, `Refused`, `Io`, `Busy`,
-//! `Replication` and `Injected` are retried within `wait` (a reply whose outcome is unknown is
-//! retried with the same token, which the server recognises); the others answer at once.
+//! `Protocol`, `Replication`; `Injected` with the feature `testing`). `Timeout`, `Refused`, `Io`,
+//! `Busy`, `Replication` and `Injected` are retried within `wait` (a reply whose outcome is
+//! unknown is retried with the same token, which the server recognises); the others answer at
+//! once. `Protocol` is an address where something other than Redis answers: its cause reads
+//! `127.0.0.1:8080: protocol error: not a Redis server (or a TLS port spoken to in plain text)`.
 //!
 //! # Testing your code
 //!
