@@ -32,6 +32,27 @@
 //! it while the body runs, and releases it when the body returns, panics or is cancelled. When the
 //! lock cannot be had, the body does not run and the function returns the error instead.
 //!
+//! # What to add to `Cargo.toml`
+//!
+//! ```toml
+//! [dependencies]
+//! lock-runtime = "0.1"
+//! # The example's async `main` (`#[tokio::main]`); the locks work from any runtime, or none.
+//! tokio = { version = "1.47", features = ["macros", "rt-multi-thread"] }
+//! # The example's error type.
+//! thiserror = "2"
+//! ```
+//!
+//! - Your own redis-rs client or connections ([`LockConfig::from_client`],
+//!   [`LockConfig::redlock_from_clients`], [`fence`]): name them through `lock_runtime::redis`
+//!   (`lock_runtime::redis::Client`), the redis-rs this crate is built with and re-exports, or
+//!   pin a `redis` dependency of your own to the same major version, 1.x. Another major
+//!   version's types are not these.
+//! - Cargo features of this crate: `tls` (`rediss://`, etcd `https://`), `etcd` (an etcd v3
+//!   cluster; building it needs `protoc`), `metrics`, `tonic` and `axum` (the conversions in
+//!   [Your error type](#your-error-type)), `testing` (in `[dev-dependencies]`, see
+//!   [Testing your code](#testing-your-code)).
+//!
 //! # The attribute
 //!
 //! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", min_hold = "...",
@@ -257,8 +278,10 @@
 //!
 //! # Testing your code
 //!
-//! With the cargo feature `testing`, `lock_runtime::testing::Faults` injects faults into the
-//! in-memory backend, so tests take the paths a real fault takes, without a server:
+//! With the cargo feature `testing` (in `[dev-dependencies]`: `lock-runtime = { version = "0.1",
+//! features = ["testing"] }`; the example below also uses `tokio`, as above),
+//! `lock_runtime::testing::Faults` injects faults into the in-memory backend, so tests take the
+//! paths a real fault takes, without a server:
 //! `faults.unavailable(pattern)` is an outage of the keys a glob (`*`, `?`) matches (their
 //! acquires answer [`LockError::Unavailable`], a held lock is lost when its validity runs out),
 //! until `faults.available(pattern)` or `faults.clear()`; `faults.lose(key)` takes the key from
@@ -562,3 +585,28 @@ pub use lock::Lock;
 /// Runs a function body while holding a distributed lock. See the [crate documentation](crate).
 pub use lock_macros::distributed_lock;
 pub use owner::Owner;
+/// The redis-rs this crate is built with (1.x), for the types you name: the `Client` that
+/// [`LockConfig::from_client`] and [`LockConfig::redlock_from_clients`] take, the connections
+/// that [`fence::set`] and [`fence::get`] write and read through.
+///
+/// Use `lock_runtime::redis` rather than a `redis` dependency of your own, or pin the same major
+/// version: 1.x (`redis = "1"`; cargo then builds one redis-rs for both, and the features you
+/// enable on yours, `tls-rustls` say, apply to it). Another major version is another crate
+/// whose types are not these: `fence::set` over a redis 0.32 connection fails to compile with
+/// "the trait bound `MultiplexedConnection: redis::aio::ConnectionLike` is not satisfied", and
+/// only a note that the build has "multiple different versions of crate `redis`".
+///
+/// It has the features this crate needs: `tokio-comp`, `connection-manager`, `script`, `acl`
+/// and `cluster-async`; with this crate's `tls` feature also `tokio-rustls-comp` and
+/// `tls-rustls-webpki-roots`.
+///
+/// ```no_run
+/// use lock_runtime::{LockConfig, redis};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://locker:secret@10.0.0.5:6379/2")?;
+/// lock_runtime::init(LockConfig::from_client(client))?;
+/// # Ok(())
+/// # }
+/// ```
+pub use redis;
