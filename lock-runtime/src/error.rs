@@ -49,7 +49,10 @@ pub enum LockError {
     /// [`init`](crate::init) was called a second time after a successful call.
     #[error("lock_runtime::init was already called")]
     AlreadyInitialized,
-    /// The library's background runtime could not be started or stopped answering.
+    /// What every lock call answers after [`shutdown`](crate::shutdown), and an acquisition
+    /// that still waited when it was called; also when the library's background runtime could
+    /// not be started, or a runtime stopped before answering (the one given to
+    /// [`LockConfig::runtime`](crate::LockConfig::runtime) shut down, say).
     #[error("lock runtime failure: {reason}")]
     Runtime {
         /// What failed.

@@ -56,8 +56,8 @@
 //! # The attribute
 //!
 //! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", min_hold = "...",
-//! reentrant = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME, map_err = path,
-//! crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
+//! reentrant = BOOL, fencing = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME,
+//! map_err = path, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
 //!
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
@@ -68,6 +68,7 @@
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
 //! | `min_hold` | no | the least time the lock is kept after its grant, even when the body returns earlier: see [Min hold](#min-hold); at most `max_hold` (both given: a compile error) and 365 days, exclusive locks only | none |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
+//! | `fencing` | no | whether the lock carries a fencing token ([`LockGuard::fencing_token`], read through `guard`; [`Lock::fencing`]), a number that grows with every grant of the key, for a resource that checks it ([`fence`]); on Redis it costs the grant a counter, so it is off unless asked for; etcd and in memory carry one whatever this says | [`LockConfig::fencing`] (off) |
 //! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; on Redlock the order is the gate node's line | `false` |
 //! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
 //! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) | none |
@@ -265,6 +266,8 @@
 //! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
 //! | [`LockError::MaxHoldExceeded`] `{ key, max_hold }` | the body ran past `max_hold` | async: stopped at its next `.await`; sync: ran to the end; a success is replaced, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
+//! | [`LockError::AlreadyInitialized`] | [`init`] was called again after a successful call (the first configuration stays) | |
+//! | [`LockError::Runtime`] `{ reason }` | [`shutdown`] was called: every lock call made after it, and an acquisition still waiting when it came; also the library's runtime could not be started, or the runtime given to [`LockConfig::runtime`] shut down before answering | did not run |
 //! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`; `min_hold` longer than `max_hold` or on a non-exclusive lock), or a nested call on more keys than its enclosing lock holds (`field: "keys"`) | did not run |
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
@@ -381,9 +384,9 @@
 //!   `lock_acquire_total{lock, backend, outcome}`, the histograms `lock_wait_seconds`,
 //!   `lock_hold_seconds` and `lock_renewal_lag_seconds`, `lock_lost_total`, and the gauge
 //!   `locks_held`, all labelled `lock` (the template, never the rendered key) and `backend`.
-//! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, who holds it as
-//!   [`Owner`]s (named by [`LockConfig::owner`], or `host:pid`), each node's view);
-//!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
+//! - [`inspect`] shows a lock: `Ok(None)` when nobody holds it, else [`LockInfo`] (time to
+//!   live, fencing token, who holds it as [`Owner`]s (named by [`LockConfig::owner`], or
+//!   `host:pid`), each node's view); [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
 //!   `lock-cli`) lists, inspects, force-releases and watches locks.
 //! - [`layout`] tells how locks lie on the servers, for tools that read them directly (as
 //!   `lockctl` does): each lock's Redis keys and etcd key and the way back to its name, the call
@@ -450,8 +453,9 @@
 //! Topologies, and what each promises:
 //!
 //! - Single node: mutual exclusion while the node keeps the key and the holder finishes within the
-//!   validity; the fencing token (a per-key counter, strictly increasing) lets a resource reject a
-//!   holder that has been superseded. A failover to a replica that missed the write can grant the
+//!   validity; the fencing token (asked for with `fencing = true`; counted by one counter per
+//!   server, strictly increasing per key) lets a resource reject a holder that has been
+//!   superseded. A failover to a replica that missed the write can grant the
 //!   lock twice: the second grant's token is still larger (see [`LockGuard::fencing_token`]), so
 //!   use fencing, `min_replicas`, or Redlock.
 //! - Redis Cluster: the single-node promise, per master (all keys of a lock live in one slot;
