@@ -577,6 +577,14 @@ pub mod testing;
 #[doc = include_str!("../FAULTS.md")]
 pub mod fault_table {}
 
+// The README's Rust code blocks, compiled (and those not marked `no_run` run) as doctests, so
+// that each compiles as written. They use the `axum` and `tonic` conversions: `cargo test
+// --workspace` turns both on (through lock-tests), as does `cargo test -p lock-runtime --doc
+// --features axum,tonic`.
+#[cfg(all(doctest, feature = "axum", feature = "tonic"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use election::{Election, Leadership};
