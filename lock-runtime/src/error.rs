@@ -49,7 +49,10 @@ pub enum LockError {
     /// [`init`](crate::init) was called a second time after a successful call.
     #[error("lock_runtime::init was already called")]
     AlreadyInitialized,
-    /// The library's background runtime could not be started or stopped answering.
+    /// What every lock call answers after [`shutdown`](crate::shutdown), and an acquisition
+    /// that still waited when it was called; also when the library's background runtime could
+    /// not be started, or a runtime stopped before answering (the one given to
+    /// [`LockConfig::runtime`](crate::LockConfig::runtime) shut down, say).
     #[error("lock runtime failure: {reason}")]
     Runtime {
         /// What failed.
@@ -122,7 +125,8 @@ pub struct NodeFailure {
     pub node: String,
     /// The kind of failure.
     pub kind: FailureKind,
-    /// Redis's or the OS's message, never containing tokens or passwords.
+    /// Redis's or the OS's message (for [`FailureKind::Protocol`], what is at the address
+    /// instead of Redis), never containing tokens or passwords.
     pub detail: String,
 }
 
@@ -145,6 +149,11 @@ pub enum FailureKind {
     Busy,
     /// Redis answered with another error.
     Response,
+    /// The answer was not Redis's protocol (RESP): something other than Redis listens at the
+    /// address (an HTTP server, say), or a TLS endpoint answered a `redis://` URL (meant:
+    /// `rediss://`) with TLS. Not retried: the address will not start speaking Redis. Redis's own
+    /// TLS port resets such a connection instead of answering it: [`FailureKind::Io`].
+    Protocol,
     /// The master did it, but fewer replicas than `min_replicas` acknowledged it in time (a
     /// grant is then withdrawn; a renewal counts as failed). Retried within `wait`.
     Replication,
@@ -167,7 +176,10 @@ impl FailureKind {
             // An outage, as a refused connection is.
             #[cfg(feature = "testing")]
             FailureKind::Injected => true,
-            FailureKind::Auth | FailureKind::Permission | FailureKind::Response => false,
+            FailureKind::Auth
+            | FailureKind::Permission
+            | FailureKind::Response
+            | FailureKind::Protocol => false,
         }
     }
 
@@ -187,6 +199,7 @@ impl fmt::Display for NodeFailure {
             FailureKind::Permission => "permission denied",
             FailureKind::Busy => "server busy",
             FailureKind::Response => "error reply",
+            FailureKind::Protocol => "protocol error",
             FailureKind::Replication => "not replicated",
             #[cfg(feature = "testing")]
             FailureKind::Injected => "injected fault",
@@ -248,6 +261,7 @@ impl NodeFailure {
         } else {
             match err.kind() {
                 ErrorKind::AuthenticationFailed => FailureKind::Auth,
+                ErrorKind::Parse if is_unparsable_answer(err) => FailureKind::Protocol,
                 _ => match err.code() {
                     Some("NOAUTH" | "WRONGPASS") => FailureKind::Auth,
                     Some("NOPERM") => FailureKind::Permission,
@@ -267,10 +281,59 @@ impl NodeFailure {
                 },
             }
         };
+        let detail = match kind {
+            FailureKind::Protocol => NOT_REDIS.to_owned(),
+            _ => err.to_string(),
+        };
         NodeFailure {
             node: node.to_owned(),
             kind,
-            detail: err.to_string(),
+            detail,
         }
+    }
+}
+
+/// What a [`FailureKind::Protocol`] cause says in place of redis-rs's parse error, which names
+/// the unexpected bytes as numbers, one line each (`Unexpected \`72\``): the likely causes.
+const NOT_REDIS: &str = "not a Redis server (or a TLS port spoken to in plain text)";
+
+/// Whether `err` (of kind `Parse`) comes from redis-rs's reader, which could not read the bytes
+/// the address sent as RESP (an HTTP server's `HTTP/1.1 400`), rather than from converting a
+/// reply it did read into a Rust type, which redis-rs also calls `Parse` and words otherwise.
+fn is_unparsable_answer(err: &redis::RedisError) -> bool {
+    err.detail()
+        .is_some_and(|d| d.starts_with("Parse error at"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// redis-rs calls two failures `Parse`: bytes its reader cannot read as RESP, and a reply it
+    /// read that does not convert into the type asked for. Only the first says that no Redis
+    /// answered.
+    #[test]
+    fn only_an_unreadable_answer_is_not_a_redis_server() {
+        let Err(unreadable) = redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n\r\n") else {
+            panic!("an HTTP status line read as RESP");
+        };
+        assert_eq!(unreadable.kind(), redis::ErrorKind::Parse);
+        let failure = NodeFailure::from_redis("127.0.0.1:8080", &unreadable);
+        assert_eq!(failure.kind, FailureKind::Protocol);
+        assert_eq!(
+            failure.to_string(),
+            "127.0.0.1:8080: protocol error: not a Redis server (or a TLS port spoken to in plain text)"
+        );
+
+        let Err(unconverted) =
+            redis::from_redis_value::<u64>(redis::Value::SimpleString("OK".to_owned()))
+        else {
+            panic!("`OK` converted into a number");
+        };
+        let unconverted = redis::RedisError::from(unconverted);
+        assert_eq!(unconverted.kind(), redis::ErrorKind::Parse);
+        let failure = NodeFailure::from_redis("127.0.0.1:6379", &unconverted);
+        assert_eq!(failure.kind, FailureKind::Response);
+        assert_eq!(failure.detail, unconverted.to_string());
     }
 }

@@ -17,15 +17,18 @@
 //!
 //! The key is a hash with two fields, `value` and `fence` (the token), so the token lives and
 //! dies with the value: it has no TTL of its own (set one on the key with `EXPIRE` if the value
-//! should expire; later writes keep it). Both work on any async redis-rs connection: a
-//! `MultiplexedConnection`, a `ConnectionManager`, a Cluster connection (the script touches one
-//! key, so it runs on that key's master).
+//! should expire; later writes keep it). Both work on any async connection of
+//! `lock_runtime::redis` (the redis-rs 1.x this crate is built with, re-exported; one of your
+//! own `redis` dependency only when it is 1.x too): a `MultiplexedConnection`, a
+//! `ConnectionManager`, a Cluster connection (the script touches one key, so it runs on that
+//! key's master).
 //!
 //! ```no_run
-//! use lock_runtime::{fence, FenceError, Lock};
+//! use lock_runtime::{fence, redis, FenceError, Lock};
 //!
-//! # async fn demo(redis: redis::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let mut conn = redis.get_multiplexed_async_connection().await?;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+//! let mut conn = client.get_multiplexed_async_connection().await?;
 //! let guard = Lock::new("wallet:42").fencing(true).acquire().await?;
 //! let token = guard.fencing_token().ok_or("no fencing token")?;
 //! match fence::set(&mut conn, "balance:42", 100_i64, token).await {

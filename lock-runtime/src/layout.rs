@@ -8,8 +8,9 @@
 //! use [`force_release`](crate::force_release) (or `lockctl release --force`), not a `DEL`: it
 //! also wakes the lock's waiters.
 //!
-//! The Redis items take and return types of the [`redis`] crate version 1, which this crate
-//! depends on: a tool passes them to its own `redis` 1.x connections.
+//! The Redis items take and return types of redis-rs 1.x, which this crate depends on and
+//! re-exports as `lock_runtime::redis`: a tool passes them to connections of that crate (or of
+//! a `redis` 1.x dependency of its own).
 //!
 //! # Redis
 //!

@@ -32,11 +32,32 @@
 //! it while the body runs, and releases it when the body returns, panics or is cancelled. When the
 //! lock cannot be had, the body does not run and the function returns the error instead.
 //!
+//! # What to add to `Cargo.toml`
+//!
+//! ```toml
+//! [dependencies]
+//! lock-runtime = "0.1"
+//! # The example's async `main` (`#[tokio::main]`); the locks work from any runtime, or none.
+//! tokio = { version = "1.47", features = ["macros", "rt-multi-thread"] }
+//! # The example's error type.
+//! thiserror = "2"
+//! ```
+//!
+//! - Your own redis-rs client or connections ([`LockConfig::from_client`],
+//!   [`LockConfig::redlock_from_clients`], [`fence`]): name them through `lock_runtime::redis`
+//!   (`lock_runtime::redis::Client`), the redis-rs this crate is built with and re-exports, or
+//!   pin a `redis` dependency of your own to the same major version, 1.x. Another major
+//!   version's types are not these.
+//! - Cargo features of this crate: `tls` (`rediss://`, etcd `https://`), `etcd` (an etcd v3
+//!   cluster; building it needs `protoc`), `metrics`, `tonic` and `axum` (the conversions in
+//!   [Your error type](#your-error-type)), `testing` (in `[dev-dependencies]`, see
+//!   [Testing your code](#testing-your-code)).
+//!
 //! # The attribute
 //!
 //! `#[distributed_lock(key = "...", ttl = "...", wait = "...", max_hold = "...", min_hold = "...",
-//! reentrant = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME, map_err = path,
-//! crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
+//! reentrant = BOOL, fencing = BOOL, fair = BOOL, shared = BOOL, permits = N, guard = NAME,
+//! map_err = path, crate = "path")]`, or `keys = ["...", "..."]` in place of `key`.
 //!
 //! | argument | required | meaning | default |
 //! |---|---|---|---|
@@ -47,6 +68,7 @@
 //! | `max_hold` | no | the longest the lock may be held; past it renewal stops, an async body is cancelled, a sync body's success is replaced, and the call returns [`LockError::MaxHoldExceeded`] | [`LockConfig::max_hold`] (none) |
 //! | `min_hold` | no | the least time the lock is kept after its grant, even when the body returns earlier: see [Min hold](#min-hold); at most `max_hold` (both given: a compile error) and 365 days, exclusive locks only | none |
 //! | `reentrant` | no | whether a call made inside a locked body of the same task (async) or thread (sync) on keys it already holds joins that hold: see [Reentrancy](#reentrancy) | `true` |
+//! | `fencing` | no | whether the lock carries a fencing token ([`LockGuard::fencing_token`], read through `guard`; [`Lock::fencing`]), a number that grows with every grant of the key, for a resource that checks it ([`fence`]); on Redis it costs the grant a counter, so it is off unless asked for; etcd and in memory carry one whatever this says | [`LockConfig::fencing`] (off) |
 //! | `fair` | no | waiters are granted the lock in arrival order, handed over on the server ([`Lock::fair`]); one key; on Redlock the order is the gate node's line | `false` |
 //! | `shared` | no | a read lock: many shared holders, or one exclusive holder of the key; a waiting writer keeps new readers out ([`Lock::shared`]); one key | `false` |
 //! | `permits` | no | a semaphore: up to N holders ([`Lock::permits`]); every caller of the key must give the same N; one key; not on Redlock (unsafe over independent majorities) | none |
@@ -240,23 +262,29 @@
 //! | error | when | the body |
 //! |---|---|---|
 //! | [`LockError::Contended`] `{ key, waited }` | someone else holds the lock and `wait` ran out | did not run |
-//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; in Redlock mode, too many nodes failed for a quorum | did not run |
+//! | [`LockError::Unavailable`] `{ key, causes }` | Redis unreachable, timed out, refused the credentials or a permission, or stayed busy (`LOADING`, `BUSY`, ...) for the whole `wait`; something other than Redis at the address (`Protocol`, at once); in Redlock mode, too many nodes failed for a quorum | did not run |
 //! | [`LockError::Lost`] `{ key }` | the lock was lost while the body ran (renewal refused, key deleted or taken over, renewal not confirmed before the lock's validity ran out, or [`shutdown`] released it) | async: stopped at its next `.await`; sync: ran to the end; a success is replaced by `Lost`, the body's own error is kept |
 //! | [`LockError::MaxHoldExceeded`] `{ key, max_hold }` | the body ran past `max_hold` | async: stopped at its next `.await`; sync: ran to the end; a success is replaced, the body's own error is kept |
 //! | [`LockError::NotInitialized`] | [`init`] was not called | did not run |
+//! | [`LockError::AlreadyInitialized`] | [`init`] was called again after a successful call (the first configuration stays) | |
+//! | [`LockError::Runtime`] `{ reason }` | [`shutdown`] was called: every lock call made after it, and an acquisition still waiting when it came; also the library's runtime could not be started, or the runtime given to [`LockConfig::runtime`] shut down before answering | did not run |
 //! | [`LockError::Config`] `{ field, reason }` | an invalid value (from [`init`], or a per-call `ttl`; `min_hold` longer than `max_hold` or on a non-exclusive lock), or a nested call on more keys than its enclosing lock holds (`field: "keys"`) | did not run |
 //!
 //! Infrastructure failures are never reported as contention: `Contended` means Redis answered
 //! that someone else holds the lock. Each [`NodeFailure`] in `causes` names the node and a
 //! [`FailureKind`] (`Timeout`, `Refused`, `Io`, `Auth`, `Permission`, `Busy`, `Response`,
-//! `Replication`; `Injected` with the feature `testing`). `Timeout`, `Refused`, `Io`, `Busy`,
-//! `Replication` and `Injected` are retried within `wait` (a reply whose outcome is unknown is
-//! retried with the same token, which the server recognises); the others answer at once.
+//! `Protocol`, `Replication`; `Injected` with the feature `testing`). `Timeout`, `Refused`, `Io`,
+//! `Busy`, `Replication` and `Injected` are retried within `wait` (a reply whose outcome is
+//! unknown is retried with the same token, which the server recognises); the others answer at
+//! once. `Protocol` is an address where something other than Redis answers: its cause reads
+//! `127.0.0.1:8080: protocol error: not a Redis server (or a TLS port spoken to in plain text)`.
 //!
 //! # Testing your code
 //!
-//! With the cargo feature `testing`, `lock_runtime::testing::Faults` injects faults into the
-//! in-memory backend, so tests take the paths a real fault takes, without a server:
+//! With the cargo feature `testing` (in `[dev-dependencies]`: `lock-runtime = { version = "0.1",
+//! features = ["testing"] }`; the example below also uses `tokio`, as above),
+//! `lock_runtime::testing::Faults` injects faults into the in-memory backend, so tests take the
+//! paths a real fault takes, without a server:
 //! `faults.unavailable(pattern)` is an outage of the keys a glob (`*`, `?`) matches (their
 //! acquires answer [`LockError::Unavailable`], a held lock is lost when its validity runs out),
 //! until `faults.available(pattern)` or `faults.clear()`; `faults.lose(key)` takes the key from
@@ -356,9 +384,9 @@
 //!   `lock_acquire_total{lock, backend, outcome}`, the histograms `lock_wait_seconds`,
 //!   `lock_hold_seconds` and `lock_renewal_lag_seconds`, `lock_lost_total`, and the gauge
 //!   `locks_held`, all labelled `lock` (the template, never the rendered key) and `backend`.
-//! - [`inspect`] shows a lock ([`LockInfo`]: time to live, fencing token, who holds it as
-//!   [`Owner`]s (named by [`LockConfig::owner`], or `host:pid`), each node's view);
-//!   [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
+//! - [`inspect`] shows a lock: `Ok(None)` when nobody holds it, else [`LockInfo`] (time to
+//!   live, fencing token, who holds it as [`Owner`]s (named by [`LockConfig::owner`], or
+//!   `host:pid`), each node's view); [`force_release`] frees one whose holder is gone. The `lockctl` command line tool (crate
 //!   `lock-cli`) lists, inspects, force-releases and watches locks.
 //! - [`layout`] tells how locks lie on the servers, for tools that read them directly (as
 //!   `lockctl` does): each lock's Redis keys and etcd key and the way back to its name, the call
@@ -425,8 +453,9 @@
 //! Topologies, and what each promises:
 //!
 //! - Single node: mutual exclusion while the node keeps the key and the holder finishes within the
-//!   validity; the fencing token (a per-key counter, strictly increasing) lets a resource reject a
-//!   holder that has been superseded. A failover to a replica that missed the write can grant the
+//!   validity; the fencing token (asked for with `fencing = true`; counted by one counter per
+//!   server, strictly increasing per key) lets a resource reject a holder that has been
+//!   superseded. A failover to a replica that missed the write can grant the
 //!   lock twice: the second grant's token is still larger (see [`LockGuard::fencing_token`]), so
 //!   use fencing, `min_replicas`, or Redlock.
 //! - Redis Cluster: the single-node promise, per master (all keys of a lock live in one slot;
@@ -548,6 +577,14 @@ pub mod testing;
 #[doc = include_str!("../FAULTS.md")]
 pub mod fault_table {}
 
+// The README's Rust code blocks, compiled (and those not marked `no_run` run) as doctests, so
+// that each compiles as written. They use the `axum` and `tonic` conversions: `cargo test
+// --workspace` turns both on (through lock-tests), as does `cargo test -p lock-runtime --doc
+// --features axum,tonic`.
+#[cfg(all(doctest, feature = "axum", feature = "tonic"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use client::LockClient;
 pub use config::{ENV_ETCD_ENDPOINTS, ENV_MODE, ENV_SENTINEL_MASTER, ENV_URL, LockConfig};
 pub use election::{Election, Leadership};
@@ -560,3 +597,28 @@ pub use lock::Lock;
 /// Runs a function body while holding a distributed lock. See the [crate documentation](crate).
 pub use lock_macros::distributed_lock;
 pub use owner::Owner;
+/// The redis-rs this crate is built with (1.x), for the types you name: the `Client` that
+/// [`LockConfig::from_client`] and [`LockConfig::redlock_from_clients`] take, the connections
+/// that [`fence::set`] and [`fence::get`] write and read through.
+///
+/// Use `lock_runtime::redis` rather than a `redis` dependency of your own, or pin the same major
+/// version: 1.x (`redis = "1"`; cargo then builds one redis-rs for both, and the features you
+/// enable on yours, `tls-rustls` say, apply to it). Another major version is another crate
+/// whose types are not these: `fence::set` over a redis 0.32 connection fails to compile with
+/// "the trait bound `MultiplexedConnection: redis::aio::ConnectionLike` is not satisfied", and
+/// only a note that the build has "multiple different versions of crate `redis`".
+///
+/// It has the features this crate needs: `tokio-comp`, `connection-manager`, `script`, `acl`
+/// and `cluster-async`; with this crate's `tls` feature also `tokio-rustls-comp` and
+/// `tls-rustls-webpki-roots`.
+///
+/// ```no_run
+/// use lock_runtime::{LockConfig, redis};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://locker:secret@10.0.0.5:6379/2")?;
+/// lock_runtime::init(LockConfig::from_client(client))?;
+/// # Ok(())
+/// # }
+/// ```
+pub use redis;

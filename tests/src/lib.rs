@@ -1,7 +1,7 @@
 //! Test harness for the `lock-*` crates: real `redis-server` processes on free loopback ports
 //! (stop, restart, freeze), groups of independent masters for Redlock, a Redis Cluster
 //! (3 masters + 3 replicas) and a Sentinel set (master, replica, 3 sentinels), a fault-injecting TCP proxy,
-//! child processes of this package's binaries (and of the interop tests' scripts in other
+//! an HTTP server (something other than Redis at a Redis URL), child processes of this package's binaries (and of the interop tests' scripts in other
 //! languages), and one helper each for the lock key layout and
 //! bounded polling.
 //!
@@ -36,6 +36,7 @@ pub use harness::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
 pub use harness::etcd::{ETCD_BINARY_ENV, ETCD_ELECTION_TIMEOUT, EtcdCluster, EtcdStore, etcd_key};
 pub use harness::foreign::{Foreign, Interop};
+pub use harness::http::HttpServer;
 pub use harness::keyspace::{KeyEvent, KeyEvents};
 pub use harness::levers::{
     BusyScript, LoadingServer, await_waiter, bounded, bounded_blocking, callers_connection,

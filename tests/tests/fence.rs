@@ -7,6 +7,8 @@
 
 use lock_runtime::fence::{self, Fenced};
 use lock_runtime::{FenceError, LockConfig};
+// As a user names it: the redis-rs the library is built with (the harness's is the same crate).
+use lock_runtime::redis;
 use lock_tests::{RedisCluster, RedisServer, client, lock_keys, unique_key};
 
 /// The writes a fenced key takes and refuses, on any async connection.

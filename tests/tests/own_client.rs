@@ -7,6 +7,8 @@
 use std::time::Duration;
 
 use lock_runtime::{FailureKind, LockClient, LockConfig};
+// As a user names it: the redis-rs the library is built with (the harness's is the same crate).
+use lock_runtime::redis;
 use lock_tests::{
     RedisMasters, RedisServer, ServerOptions, TestCa, client, config_field, lock_keys,
     unavailable_causes, unique_key, wait_until_async,

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{FailureKind, LockConfig, LockError};
 use lock_tests::{
-    RedisServer, SCHEDULING_SLACK, ServerOptions, assert_lost_at_the_deadline, bounded, client,
-    default_validity, free_port, key_exists, lock_keys, unavailable_causes, unique_key,
+    HttpServer, RedisServer, SCHEDULING_SLACK, ServerOptions, assert_lost_at_the_deadline, bounded,
+    client, default_validity, free_port, key_exists, lock_keys, unavailable_causes, unique_key,
     wait_key_gone,
 };
 
@@ -73,6 +73,46 @@ async fn redis_down_is_unavailable_never_contended() {
     );
     assert!(took >= wait, "gave up after {took:?}, before the wait");
     assert!(took < wait + Duration::from_secs(5), "took {took:?}");
+}
+
+/// An address where something other than Redis answers (an HTTP server, which answers a Redis
+/// client's first commands with `400 Bad Request`) is `Unavailable` at once, not retried for the
+/// wait and never `Contended`, with one cause that names the address and says what is there,
+/// not redis-rs's parse error (`Parse error at 1`, then the unexpected bytes as numbers, a line
+/// each).
+#[tokio::test]
+async fn an_http_server_at_the_address_is_not_a_redis_server() {
+    let http = HttpServer::start();
+    let locks = client(LockConfig::single(format!("redis://{}/", http.addr())));
+    let key = unique_key("faults:not-redis");
+    let wait = Duration::from_secs(2);
+
+    let started = Instant::now();
+    let err = bounded(
+        Duration::from_secs(10),
+        "acquire, wait 2s",
+        locks.lock(&key).wait(wait).acquire(),
+    )
+    .await
+    .expect_err("an HTTP server granted a lock");
+    let took = started.elapsed();
+    eprintln!("an HTTP server, wait 2s: {took:?} -> {err}");
+    assert!(
+        matches!(err, LockError::Unavailable { .. }),
+        "expected Unavailable, got {err:?}"
+    );
+    assert_eq!(err.key(), Some(key.as_str()));
+    let causes = unavailable_causes(&err);
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    let expected = format!(
+        "{}: protocol error: not a Redis server (or a TLS port spoken to in plain text)",
+        http.addr()
+    );
+    assert_eq!(causes[0].to_string(), expected);
+    assert!(err.to_string().ends_with(&expected), "{err}");
+    assert_eq!(causes[0].node, http.addr());
+    assert_eq!(causes[0].kind, FailureKind::Protocol);
+    assert!(took < wait, "retried for the wait: {took:?}");
 }
 
 #[tokio::test]

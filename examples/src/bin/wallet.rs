@@ -24,7 +24,10 @@ use std::process::{Command, ExitCode};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{FenceError, Lock, LockConfig, LockError, LockGuard, distributed_lock, fence};
+// `redis`: the redis-rs the library is built with, so its connections are the ones `fence` takes.
+use lock_runtime::{
+    FenceError, Lock, LockConfig, LockError, LockGuard, distributed_lock, fence, redis,
+};
 
 const START_BALANCE: u64 = 1_000;
 const TASKS: u64 = 20;

@@ -98,14 +98,18 @@ impl LockConfig {
     /// One Redis master, reached as your own `redis::Client` reaches it: its address, ACL user
     /// and password, database, RESP version and TLS settings (`rediss://`, with the `tls`
     /// feature; a client built with `redis::Client::build_with_tls` keeps its certificates), set
-    /// once where you configure the client. The library opens connections of its own from it
+    /// once where you configure the client. Name it `lock_runtime::redis::Client` (the redis-rs
+    /// 1.x this crate is built with, re-exported), or pin a `redis` dependency of your own to
+    /// 1.x: a client of another major version is another type. The library opens connections of its own from it
     /// (per runtime, as for [`single`](Self::single)); the client itself is not used or kept.
     /// A client that connects over a Unix socket is a `Config` error naming `client`.
     ///
     /// ```no_run
     /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let redis = redis::Client::open("redis://locker:secret@10.0.0.5:6379/2")?;
-    /// lock_runtime::init(lock_runtime::LockConfig::from_client(redis))?;
+    /// use lock_runtime::redis;
+    ///
+    /// let client = redis::Client::open("redis://locker:secret@10.0.0.5:6379/2")?;
+    /// lock_runtime::init(lock_runtime::LockConfig::from_client(client))?;
     /// # Ok(())
     /// # }
     /// ```
@@ -132,7 +136,8 @@ impl LockConfig {
         })
     }
 
-    /// [`redlock`](Self::redlock) over the masters your own `redis::Client`s reach, each as
+    /// [`redlock`](Self::redlock) over the masters your own `redis::Client`s (of
+    /// `lock_runtime::redis`) reach, each as
     /// [`from_client`](Self::from_client) takes one (its credentials, database and TLS
     /// settings). Errors name `clients`.
     pub fn redlock_from_clients<I>(clients: I) -> Self

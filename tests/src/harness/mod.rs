@@ -4,6 +4,7 @@ pub(crate) mod cluster;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod foreign;
+pub(crate) mod http;
 pub(crate) mod keyspace;
 pub(crate) mod levers;
 pub(crate) mod monitor;
