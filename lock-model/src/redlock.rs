@@ -15,13 +15,32 @@
 //!   still run) counts as failed. It decides as soon as a majority granted it (granted, valid
 //!   until the attempt's start plus the ttl: `ttl - elapsed`, drift left out) or a majority can
 //!   no longer be won (refused).
+//! - **The gate** (with [`RedlockConfig::gate`]; `gate.rs`, node 0 here): once a client found
+//!   the lock held (`Memory::contended_recently`), its attempts ask the gate first, and the
+//!   other nodes only once the gate granted; the gate's "held" is the answer (the others are not
+//!   asked), but for a waiter whose pause ran out (no release heard) and whose last refusal was
+//!   a hold by the same copy on the gate (`Memory::looks_past_the_gate`: a copy is its holder
+//!   and expiry): it asks the others too, and the majority decides. A gate that does not answer
+//!   within its patience ([`Action::TimeOut`] on it, `GATE_PATIENCE`) is not waited for: the
+//!   others are asked, and its answer counts when it comes. A refused waiter remembers its
+//!   refusal (by a holder or a split vote, and the copy on the gate that refused it) and pauses;
+//!   a client that found the lock held listens at the gate, whose release of a key announces it
+//!   ([`Action::Read`]: the pause ends, heard); a pause ends otherwise by running out (the
+//!   subscription's confirmation, which ends a first pause early without a pause run out, is
+//!   left out).
 //! - **After the decision** (`acquire_on`): a won lock is placed on each node that refused it
 //!   (`place_after_a_split`: one more `SET NX PX`, which finds the node free once the contender
 //!   withdrew); a lost attempt is withdrawn from every node that granted it or did not answer
 //!   (compare-and-delete, queued behind the attempt's own request there, so it never overtakes
-//!   it). The client pauses, then asks again ([`Action::Attempt`]).
-//! - **The release** (`Quorum::release`): compare-and-delete on every node.
-//! - **Time** ([`Action::Tick`]) and expiry as in the single-node model; a node's clock step
+//!   it), quietly (a split vote's contenders retry after a short pause: an announcement would
+//!   wake them into a busy loop). The client pauses, then asks again ([`Action::Attempt`]).
+//! - **The release** (`Quorum::release`): compare-and-delete on every node, announced. With
+//!   [`RedlockConfig::failures`], a node's part may fail ([`Action::Fail`]: a reset connection,
+//!   not run); the release's part that failed is retried in the background after a majority
+//!   decided it, until the node answers, so it is a part still on its way, which the model has
+//!   already (`mutation-redlock-release-no-retry`: dropped for good).
+//! - **Time** ([`Action::Tick`]) and expiry as in the single-node model (an expired key is
+//!   dropped at each tick, so that it makes no state of its own); a node's clock step
 //!   ([`Action::Forget`], only with [`RedlockConfig::clock_step`]) expires its key early, once
 //!   in a run: a step ahead, or the return of a step back for a key set during it.
 //!
@@ -36,15 +55,35 @@
 //! wins that node and the others. That is Redlock's clock assumption, the documented limit the
 //! fault campaign's checker allows (`tests/redlock.rs` requires the checker to find it).
 //!
-//! Not modelled: the gate (a waiter's attempts ask one node first), waiting for releases
-//! (waiters here poll), renewal, fencing, several keys, and lost or delayed answers other than a
-//! timeout.
+//! Two more, each only where it is at stake (the checker explores on until every property has
+//! failed, and the clock step's test stops at its two):
+//! - **a released copy goes** (with failures): a copy of a released lock stays on a node only
+//!   while the release's part there is on its way. With the retry, a release reaches every node
+//!   (a bounded checker cannot wait for it; this is the step it rests on: the part is never
+//!   dropped, so it runs once the node answers).
+//! - **a stale gate copy holds a waiter up one pause at most** (with the gate): a waiter is never
+//!   refused by the gate alone, after a pause that ran out, by the same copy that refused it
+//!   before, once that copy's holder let go and a majority confirmed it (a release whose part on
+//!   the gate failed leaves the copy there, and the gate announces nothing). The promise, in
+//!   time: one announced pause (`Backoff::longest_announced`, 8 x `retry_delay` x (1 +
+//!   `retry_jitter`)), after which the waiter asks the other nodes; and the retried part
+//!   deletes the copy as soon as the gate answers again.
 //!
-//! # Mutation
+//! Not modelled: renewal, fencing, several keys, fair locks' lines, the gate's replacement by
+//! the others' subscriptions when it does not confirm (`watch_others`), the wake-up of a
+//! withdrawal whose answer was lost (the single-node model checks the cleanup's), and lost or
+//! delayed answers other than a timeout.
+//!
+//! # Mutations
 //!
 //! `mutation-redlock-unordered`: a client's requests to a node run in any order. A withdrawal of
 //! a lost attempt can then run after the same token's next attempt was granted there, and
 //! deletes it (the token matches); the holder counts a node it no longer has.
+//! `mutation-redlock-release-no-retry`: a release's part that failed is not sent again once a
+//! majority decided, as it was; "a released copy goes" fails (the copy stays until its ttl).
+//! `mutation-gate-pause-unbounded`: a waiter never looks past the gate; "a stale gate copy
+//! holds a waiter up one pause at most" fails (it is held up for as many pauses as the copy
+//! lives).
 
 use stateright::{Model, Property};
 
@@ -67,6 +106,11 @@ pub struct RedlockConfig {
     pub timeouts: bool,
     /// Whether one node's clock may step once (its key expires early).
     pub clock_step: bool,
+    /// Whether a waiter's attempts go through the gate (node 0) once it found the lock held,
+    /// and it listens there for releases.
+    pub gate: bool,
+    /// Whether a release's part on a node may fail (a reset connection: not run).
+    pub failures: bool,
 }
 
 impl RedlockConfig {
@@ -75,6 +119,9 @@ impl RedlockConfig {
     }
 }
 
+/// The gate node of the model's one lock (`gate_of`: any node, the same for every client).
+const GATE: u8 = 0;
+
 /// What a request asks of one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ask {
@@ -82,9 +129,13 @@ pub enum Ask {
     Acquire { attempt: u8 },
     /// `SET NX PX` after a won decision, on a node that refused (no answer needed).
     Place,
-    /// Compare-and-delete: a lost attempt's withdrawal, or the release.
-    Delete,
+    /// Compare-and-delete: a lost attempt's withdrawal, or the `release` (announced: the waiters
+    /// at the gate hear it there).
+    Delete { release: bool },
 }
+
+/// A copy of the lock on a node: its holder and when it expires.
+pub type LockCopy = (Client, u8);
 
 /// A node's answer to an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,6 +144,8 @@ pub struct Answer {
     pub node: u8,
     pub attempt: u8,
     pub granted: bool,
+    /// The copy that refused it, with the gate (`None` otherwise: nothing reads it).
+    pub copy: Option<LockCopy>,
 }
 
 /// Where a client is in its one acquisition. Node sets are bit masks.
@@ -101,19 +154,34 @@ pub enum Phase {
     /// Not asked yet, or between attempts.
     Idle,
     /// Attempt `attempt`, sent at `sent_at`: the nodes that granted it, refused it, or failed
-    /// (timed out).
+    /// (timed out); `gate_only`: only the gate was asked yet; `gate_copy`: the copy on the gate
+    /// that refused it.
     Asking {
         attempt: u8,
         sent_at: u8,
         won: u8,
         refused: u8,
         failed: u8,
+        gate_only: bool,
+        gate_copy: Option<LockCopy>,
     },
     /// In its section until `valid_until`.
     Holding {
         valid_until: u8,
     },
     Done,
+}
+
+/// What a client remembers of the lock (`gate.rs`'s `Memory`), with the gate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Memory {
+    /// It found the lock held: its attempts take the gate, and it listens there.
+    pub contended: bool,
+    /// Its last refusal: whether by a holder (not a split vote), and the copy on the gate that
+    /// refused it too, if the gate did.
+    pub refusal: Option<(bool, Option<LockCopy>)>,
+    /// Its pause ended without a release heard (it ran out).
+    pub ran_out: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -130,12 +198,20 @@ pub struct RedlockState {
     pub answers: Vec<Answer>,
     /// Whether a node's clock stepped already.
     pub stepped: bool,
+    /// Per client, with the gate.
+    pub memory: Vec<Memory>,
+    /// The gate's release announcements on their way, one per waiter (sorted).
+    pub messages: Vec<Client>,
+    /// A waiter was refused by the gate alone, after a pause that ran out, by the same copy as
+    /// before, whose holder let it go.
+    pub held_up: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Tick,
-    /// An idle client sends its next attempt to every node.
+    /// An idle client sends its next attempt to every node (to the gate first, once it found
+    /// the lock held).
     Attempt(Client),
     /// A node runs the client's oldest request to it (any of them, with the mutation).
     Run {
@@ -144,7 +220,8 @@ pub enum Action {
         index: usize,
     },
     Deliver(usize),
-    /// The client stops waiting for `node`'s answer: failed, the outcome unknown.
+    /// The client stops waiting for `node`'s answer: failed, the outcome unknown (the gate's,
+    /// while only the gate was asked: its patience ran out).
     TimeOut {
         client: Client,
         node: u8,
@@ -152,6 +229,13 @@ pub enum Action {
     Release(Client),
     /// `node`'s clock steps: its key expires now.
     Forget(u8),
+    /// A waiter's pause ends: it hears the release announced to it.
+    Read(usize),
+    /// A release's part on `node` fails (not run): retried after the decision.
+    Fail {
+        client: Client,
+        node: u8,
+    },
 }
 
 /// The model: a [`RedlockConfig`].
@@ -173,6 +257,13 @@ impl Redlock {
         state.links[link].push(ask);
     }
 
+    /// Sends attempt `attempt` of `client` to every node but the gate.
+    fn ask_the_others(&self, state: &mut RedlockState, client: Client, attempt: u8) {
+        for node in (0..self.0.nodes).filter(|n| *n != GATE) {
+            self.send(state, client, node, Ask::Acquire { attempt });
+        }
+    }
+
     fn run(&self, state: &mut RedlockState, c: Client, node: u8, ask: Ask) {
         let now = state.now;
         let key = &mut state.keys[usize::from(node)];
@@ -182,9 +273,12 @@ impl Redlock {
         match ask {
             Ask::Acquire { attempt } => {
                 let granted = key.is_none_or(|(holder, _)| holder == c);
-                if granted {
+                let copy = if granted {
                     *key = Some((c, now + self.0.ttl));
-                }
+                    None
+                } else {
+                    (*key).filter(|_| self.0.gate)
+                };
                 let awaited = matches!(
                     state.clients[usize::from(c)],
                     Phase::Asking { attempt: a, failed, .. }
@@ -196,10 +290,11 @@ impl Redlock {
                         node,
                         attempt,
                         granted,
+                        copy,
                     });
                     state
                         .answers
-                        .sort_unstable_by_key(|a| (a.client, a.node, a.attempt, a.granted));
+                        .sort_unstable_by_key(|a| (a.client, a.node, a.attempt, a.granted, a.copy));
                 }
             }
             Ask::Place => {
@@ -207,9 +302,21 @@ impl Redlock {
                     *key = Some((c, now + self.0.ttl));
                 }
             }
-            Ask::Delete => {
+            Ask::Delete { release } => {
                 if key.is_some_and(|(holder, _)| holder == c) {
                     *key = None;
+                    if release && node == GATE {
+                        // `EXCLUSIVE_RELEASE`'s wake-up, heard by the waiters listening at the
+                        // gate.
+                        for (w, memory) in state.memory.iter().enumerate() {
+                            let waiting =
+                                matches!(state.clients[w], Phase::Idle | Phase::Asking { .. });
+                            if memory.contended && waiting {
+                                state.messages.push(w as Client);
+                            }
+                        }
+                        state.messages.sort_unstable();
+                    }
                 }
             }
         }
@@ -222,6 +329,7 @@ impl Redlock {
             won,
             refused,
             failed,
+            gate_copy,
             ..
         } = state.clients[usize::from(client)]
         else {
@@ -235,18 +343,85 @@ impl Redlock {
             state.clients[usize::from(client)] = Phase::Holding {
                 valid_until: sent_at + self.0.ttl,
             };
+            state.messages.retain(|w| *w != client);
             // The nodes that refused: place the lock there too (`place_after_a_split`). The
             // unanswered ones place it by their own request.
             for node in (0..nodes).filter(|n| refused & (1 << n) != 0) {
                 self.send(state, client, node, Ask::Place);
             }
         } else if count(won) >= quorum || nodes - count(refused | failed) < quorum {
-            // Lost (or won too late): withdraw wherever it may have been granted.
-            state.clients[usize::from(client)] = Phase::Idle;
+            // Lost (or won too late): withdraw wherever it may have been granted, quietly (the
+            // contenders after a split vote retry after a short pause; an announcement would
+            // wake them into a busy loop).
+            if count(failed) > nodes - quorum {
+                // Unavailable, not refused: the waiter sleeps its backoff, and remembers no
+                // refusal.
+                state.clients[usize::from(client)] = Phase::Idle;
+                state.memory[usize::from(client)].ran_out = false;
+            } else {
+                self.refused(state, client, count(won) == 0, gate_copy);
+            }
             for node in (0..nodes).filter(|n| (won | failed | unanswered) & (1 << n) != 0) {
-                self.send(state, client, node, Ask::Delete);
+                self.send(state, client, node, Ask::Delete { release: false });
             }
         }
+    }
+
+    /// A waiter's attempt was refused (`Memory::refused`): by a holder, or a split vote
+    /// (`held` false), and by `gate`, the copy on the gate; it pauses.
+    fn refused(&self, state: &mut RedlockState, c: Client, held: bool, gate: Option<LockCopy>) {
+        state.clients[usize::from(c)] = Phase::Idle;
+        if self.0.gate {
+            let memory = &mut state.memory[usize::from(c)];
+            memory.contended = true;
+            memory.refusal = Some((held, gate));
+            memory.ran_out = true;
+        }
+    }
+
+    /// The gate answered a gated attempt: granted, the others are asked; refused, the
+    /// refusal is the answer, unless the waiter's pause ran out behind the same copy
+    /// (`Memory::looks_past_the_gate`): then the others are asked too, and the majority decides.
+    fn gate_answered(
+        &self,
+        state: &mut RedlockState,
+        c: Client,
+        attempt: u8,
+        copy: Option<LockCopy>,
+    ) {
+        let memory = state.memory[usize::from(c)];
+        let behind_it = memory.ran_out && memory.refusal == Some((true, copy));
+        let past = behind_it && !cfg!(feature = "mutation-gate-pause-unbounded");
+        if let Some((holder, _)) = copy.filter(|_| !past) {
+            // Stale: its holder let go, and a majority confirmed it (the release was decided).
+            let now = state.now;
+            let copies = state
+                .keys
+                .iter()
+                .filter(|k| k.is_some_and(|(h, until)| h == holder && until > now))
+                .count();
+            let released = state.clients[usize::from(holder)] == Phase::Done
+                && copies < usize::from(self.0.quorum());
+            state.held_up |= behind_it && released;
+            return self.refused(state, c, true, copy);
+        }
+        if let Phase::Asking {
+            gate_only,
+            gate_copy,
+            refused,
+            won,
+            ..
+        } = &mut state.clients[usize::from(c)]
+        {
+            *gate_only = false;
+            *gate_copy = copy;
+            match copy {
+                Some(_) => *refused |= 1 << GATE,
+                None => *won |= 1 << GATE,
+            }
+        }
+        self.ask_the_others(state, c, attempt);
+        self.decide(state, c);
     }
 }
 
@@ -264,6 +439,9 @@ impl Model for Redlock {
             links: vec![Vec::new(); clients * usize::from(self.0.nodes)],
             answers: Vec::new(),
             stepped: false,
+            memory: vec![Memory::default(); clients],
+            messages: Vec::new(),
+            held_up: false,
         }]
     }
 
@@ -276,6 +454,12 @@ impl Model for Redlock {
             match *phase {
                 // At most one attempt per tick each (a pause between attempts).
                 Phase::Idle if state.attempts[i] <= state.now => actions.push(Action::Attempt(c)),
+                Phase::Asking {
+                    gate_only: true, ..
+                } if self.0.timeouts => actions.push(Action::TimeOut {
+                    client: c,
+                    node: GATE,
+                }),
                 Phase::Asking {
                     won,
                     refused,
@@ -308,6 +492,9 @@ impl Model for Redlock {
                     index,
                 });
             }
+            if self.0.failures && asks.first() == Some(&Ask::Delete { release: true }) {
+                actions.push(Action::Fail { client, node });
+            }
         }
         for i in 0..state.answers.len() {
             actions.push(Action::Deliver(i));
@@ -319,25 +506,43 @@ impl Model for Redlock {
                 }
             }
         }
+        for (i, waiter) in state.messages.iter().enumerate() {
+            if state.clients[usize::from(*waiter)] == Phase::Idle {
+                actions.push(Action::Read(i));
+            }
+        }
     }
 
     fn next_state(&self, last: &RedlockState, action: Action) -> Option<RedlockState> {
         let mut state = last.clone();
         match action {
-            Action::Tick => state.now += 1,
+            Action::Tick => {
+                state.now += 1;
+                // An expired key is as good as gone (Redis never answers it): one state for both.
+                let now = state.now;
+                for key in &mut state.keys {
+                    if key.is_some_and(|(_, until)| until <= now) {
+                        *key = None;
+                    }
+                }
+            }
             Action::Attempt(c) => {
                 let i = usize::from(c);
                 state.attempts[i] += 1;
                 let attempt = state.attempts[i];
+                let gated = self.0.nodes > 1 && state.memory[i].contended;
                 state.clients[i] = Phase::Asking {
                     attempt,
                     sent_at: state.now,
                     won: 0,
                     refused: 0,
                     failed: 0,
+                    gate_only: gated,
+                    gate_copy: None,
                 };
-                for node in 0..self.0.nodes {
-                    self.send(&mut state, c, node, Ask::Acquire { attempt });
+                self.send(&mut state, c, GATE, Ask::Acquire { attempt });
+                if !gated {
+                    self.ask_the_others(&mut state, c, attempt);
                 }
             }
             Action::Run {
@@ -356,7 +561,9 @@ impl Model for Redlock {
                     attempt,
                     ref mut won,
                     ref mut refused,
+                    ref mut gate_copy,
                     failed,
+                    gate_only,
                     ..
                 } = state.clients[usize::from(c)]
                 else {
@@ -367,17 +574,38 @@ impl Model for Redlock {
                 if attempt != answer.attempt || failed & (1 << answer.node) != 0 {
                     return Some(state);
                 }
+                if gate_only {
+                    self.gate_answered(&mut state, c, attempt, answer.copy);
+                    return Some(state);
+                }
                 if answer.granted {
                     *won |= 1 << answer.node;
                 } else {
                     *refused |= 1 << answer.node;
+                    if answer.node == GATE {
+                        *gate_copy = answer.copy;
+                    }
                 }
                 self.decide(&mut state, c);
             }
             Action::TimeOut { client, node } => {
-                if let Phase::Asking { ref mut failed, .. } = state.clients[usize::from(client)] {
-                    *failed |= 1 << node;
+                let Phase::Asking {
+                    attempt,
+                    ref mut failed,
+                    ref mut gate_only,
+                    ..
+                } = state.clients[usize::from(client)]
+                else {
+                    return None;
+                };
+                if *gate_only {
+                    // The gate's patience (`GATE_PATIENCE`): the others are asked, and its
+                    // answer counts when it comes.
+                    *gate_only = false;
+                    self.ask_the_others(&mut state, client, attempt);
+                    return Some(state);
                 }
+                *failed |= 1 << node;
                 state
                     .answers
                     .retain(|a| !(a.client == client && a.node == node));
@@ -385,20 +613,34 @@ impl Model for Redlock {
             }
             Action::Release(c) => {
                 state.clients[usize::from(c)] = Phase::Done;
+                state.messages.retain(|w| *w != c);
                 for node in 0..self.0.nodes {
-                    self.send(&mut state, c, node, Ask::Delete);
+                    self.send(&mut state, c, node, Ask::Delete { release: true });
                 }
             }
             Action::Forget(node) => {
                 state.keys[usize::from(node)] = None;
                 state.stepped = true;
             }
+            Action::Read(i) => {
+                let waiter = state.messages.remove(i);
+                state.memory[usize::from(waiter)].ran_out = false;
+            }
+            Action::Fail { client, node } => {
+                // Retried in the background after the release's decision (a part of it that
+                // failed is sent again until the node answers): still on its way.
+                if cfg!(feature = "mutation-redlock-release-no-retry") {
+                    state.links[self.link(client, node)].remove(0);
+                } else {
+                    return None;
+                }
+            }
         }
         Some(state)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always("one holder", |_, state: &RedlockState| {
                 state
                     .clients
@@ -421,7 +663,31 @@ impl Model for Redlock {
                     !in_section(p, state.now) || held >= usize::from(model.0.quorum())
                 })
             }),
-        ]
+        ];
+        // Only where they are at stake: the checker explores on until every property it has
+        // failed (the clock step's test stops at its two).
+        if self.0.failures {
+            properties.push(Property::always(
+                "a released copy goes",
+                |model: &Redlock, state: &RedlockState| {
+                    state.keys.iter().enumerate().all(|(node, key)| {
+                        key.is_none_or(|(holder, until)| {
+                            let link = model.link(holder, node as u8);
+                            until <= state.now
+                                || state.clients[usize::from(holder)] != Phase::Done
+                                || !state.links[link].is_empty()
+                        })
+                    })
+                },
+            ));
+        }
+        if self.0.gate {
+            properties.push(Property::always(
+                "a stale gate copy holds a waiter up one pause at most",
+                |_, state: &RedlockState| !state.held_up,
+            ));
+        }
+        properties
     }
 
     fn within_boundary(&self, state: &RedlockState) -> bool {
