@@ -23,9 +23,10 @@
 //!   `SET .. PX` there let a short waiter cut a long waiter's mark, the lost wake-up this model
 //!   found, `tests/found.rs`, and feature `mutation-plain-mark-shortens`) and `PTTL` (the key's
 //!   expiry bounds its pause; `-2`: ask again at once). The mark is the waiter's lease or the
-//!   rest of its wait, the shorter. The model runs the three as one step, as `MULTI`/`EXEC`
-//!   would: `lock-runtime` sends them as a plain pipeline, and run command by command they lose
-//!   a wake-up (found by this model, see "Found"; [`MARK_APART`], `mutation-mark-apart`).
+//!   rest of its wait, the shorter. One step: `lock-runtime` runs the three in one script
+//!   (`scripts::MARK_AND_PTTL`); it sent them as a plain pipeline, and run command by command
+//!   they lose a wake-up (found by this model, see "Found"; [`MARK_APART`],
+//!   `mutation-mark-apart`).
 //! - **A default lock, fenced** (`scripts::ACQUIRE_ONE`, [`Ask::One`]): the fence counter's
 //!   `INCR` (every call, refused or not), `SET NX PX GET`, a refused waiter's `mark_waiting`
 //!   (the flag lives *at least* the mark: `SET NX PX`, else `PEXPIRE GT`) and `PTTL`, one step.
@@ -156,8 +157,8 @@
 //! the CI sizes (two clients: a lock handed to a lapsed place needs a third client to take it
 //! meanwhile, and three ticks): `tests/found.rs` walks such a trace, which breaks "one holder"
 //! with it. `mutation-mark-apart` (the mark's three commands as separate steps, as
-//! `lock-runtime` sends them today) breaks "no lost wake-up" in `tests/found.rs`, and at the CI
-//! sizes too. `mutation-unrenewed-place` is unreachable since the lean redesign (the only
+//! `lock-runtime` sent them in a pipeline) breaks "no lost wake-up" in `tests/found.rs`, and at
+//! the CI sizes too. `mutation-unrenewed-place` is unreachable since the lean redesign (the only
 //! attempt that does not queue is a waiter's last, after which it gives up); it is kept for
 //! larger runs.
 //!
@@ -168,11 +169,11 @@
 //! `Calls::acquire_plain`'s mark. It marked with a plain `SET waiting 1 PX <mark>`, which
 //! *shortens* a longer mark, unlike `mark_waiting` in the scripts: a short waiter's mark then
 //! lapsed before a long waiter's pause ended, and the release told nobody (the long waiter woke
-//! at its backoff poll instead). Its `SET NX PX`, `PEXPIRE GT` and `PTTL` go as a pipeline,
+//! at its backoff poll instead). Its `SET NX PX`, `PEXPIRE GT` and `PTTL` went as a pipeline,
 //! which the server runs command by command: a flag that lapses between the `SET NX` that found
 //! it and the `PEXPIRE`, which then finds nothing to lengthen, is gone, and the `PTTL` promises
-//! a held key whose release tells nobody; the model runs them as one step, as `MULTI`/`EXEC`
-//! would.
+//! a held key whose release tells nobody; they now run in one script (`MARK_AND_PTTL`), one
+//! step, as the model runs them.
 //!
 //! And one it excuses by name (`ClientState::unheard`): a waiter whose queueing attempt timed
 //! out may hold a place it was never told of (the request ran), and an attempt of unknown
@@ -241,7 +242,8 @@ pub const MARK: &[MarkStep] = if cfg!(feature = "mutation-no-waiting-flag-on-ref
 };
 
 /// Whether the server runs the round trip's commands one at a time, other clients' commands
-/// and time passing in between (a plain pipeline), or as one step (`MULTI`/`EXEC`).
+/// and time passing in between (a plain pipeline, as `lock-runtime` sent them), or as one step
+/// (the script `MARK_AND_PTTL` it runs now).
 pub const MARK_APART: bool =
     cfg!(feature = "mutation-mark-apart") || cfg!(feature = "mutation-pttl-before-flag");
 

@@ -1,8 +1,7 @@
 //! Defects replayed step by step: what the model found in the real design, and a defect the CI
 //! sizes do not reach. Each test walks the trace that broke a property, and checks that it holds
-//! with the fix (in `lock-runtime`, each with its real-server test, but the mark pipeline's, which
-//! the model found still to be made: see its test); the defect's mutation feature makes it fail
-//! again (`.ci/run` checks that it does).
+//! with the fix (in `lock-runtime`); the defect's mutation feature makes it fail again (`.ci/run`
+//! checks that it does).
 
 use lock_model::{Action, Config, Protocol, State};
 use stateright::Model;
@@ -115,10 +114,10 @@ fn a_short_waiters_mark_no_longer_shortens_the_flag_of_a_long_one() {
 /// other clients' commands and time passing in between. Found by this model: C, whose wait ends
 /// at tick 1, marked the flag until 1; B's `SET NX` finds that flag and leaves it, the flag lapses
 /// before B's `PEXPIRE GT`, which then finds nothing to lengthen, and B's `PTTL` reads A's key. B
-/// sleeps on a key whose release finds no flag and tells nobody. Run as one step (`MULTI` and
-/// `EXEC`), B's commands find the flag and lengthen it to B's mark, and A's release wakes B. With
-/// the feature `mutation-mark-apart` (the commands apart, as `lock-runtime` sends them when this
-/// was found) this fails.
+/// sleeps on a key whose release finds no flag and tells nobody. Run as one step (the script
+/// `MARK_AND_PTTL`, as `lock-runtime` now runs them), B's commands find the flag and lengthen it
+/// to B's mark, and A's release wakes B. With the feature `mutation-mark-apart` (the commands
+/// apart, as `lock-runtime` sent them when this was found) this fails.
 #[test]
 fn a_flag_that_lapses_under_a_waiters_mark_is_marked_again() {
     let model = Protocol(Config {

@@ -338,6 +338,20 @@ local function mark_waiting(w, ms)
 end
 ";
 
+/// The mark of a plain lock's refused waiter, the second round trip of `Calls::acquire_plain`
+/// (its first, `SET NX PX GET`, found the lock held). KEYS: waiting flag, lock. ARGV: mark_ms.
+/// Marks the lock waited for at least `mark_ms` (see [`MARK_WAITING`]) and returns the lock's
+/// `PTTL`, in one step: sent as three commands (`SET NX PX`, `PEXPIRE GT`, `PTTL`), another
+/// waiter's shorter flag could lapse between the `SET`, which left it alone, and the `PEXPIRE`,
+/// which then found nothing to lengthen; the release came to nobody while this waiter slept on
+/// the strength of its `PTTL` (found by the model: `lock-model/tests/found.rs`).
+pub(crate) static MARK_AND_PTTL: LazyLock<Script> = LazyLock::new(|| {
+    script(&[
+        MARK_WAITING,
+        "mark_waiting(KEYS[1], ARGV[1])\nreturn redis.call('PTTL', KEYS[2])\n",
+    ])
+});
+
 /// A fair lock. KEYS: lock, fence, queue, queue leases, waiting flag. ARGV: token, ttl_ms,
 /// fencing ("1" or "0"), queue ("1": the caller waits if refused), lease_ms (how long the
 /// caller's place lives unless renewed, at most ttl_ms). A caller that takes or renews a place

@@ -606,29 +606,21 @@ impl Calls {
                 announced,
             }));
         }
-        let waiting = keys.arg(KeyKind::Waiting);
         // Made, or made to live longer, never shorter: another waiter's mark may outlast this
-        // one's wait (the scripts' `mark_waiting` does the same). A plain `SET .. PX` replaced
-        // it, and a waiter with a short wait then cut a long waiter's mark, whose release came
-        // to nobody (found by the model, `lock-model/tests/found.rs`).
+        // one's wait (a plain `SET .. PX` replaced it, and a waiter with a short wait then cut a
+        // long waiter's mark, whose release came to nobody), and in one step with the `PTTL`
+        // read (see the script). Both found by the model, `lock-model/tests/found.rs`.
         let ms = millis(ask.waits.min(ask.lease)).max(1);
-        let mut mark = command("SET", 6, waiting.len() + 24);
-        mark.arg(&waiting).arg("1").arg("NX").arg("PX").arg(ms);
-        let mut longer = command("PEXPIRE", 3, waiting.len() + 24);
-        longer.arg(&waiting).arg(ms).arg("GT");
-        let mut pttl = command("PTTL", 1, lock.len());
-        pttl.arg(&lock);
-        let mut pipe = redis::Pipeline::with_capacity(3);
-        pipe.add_command(mark)
-            .ignore()
-            .add_command(longer)
-            .ignore()
-            .add_command(pttl);
+        let mut invocation = scripts::MARK_AND_PTTL.prepare_invoke();
+        invocation
+            .key(keys.of(KeyKind::Waiting))
+            .key(keys.of(KeyKind::Lock))
+            .arg(ms);
         let pttl: i64 = match self
-            .bounded("acquire", pipe.query_async::<(i64,)>(&mut c))
+            .bounded("acquire", invocation.invoke_async(&mut c))
             .await
         {
-            Ok((pttl,)) => pttl,
+            Ok(pttl) => pttl,
             Err(failure) => return Some(Err(failure)),
         };
         Some(Ok(Attempt::Held {
