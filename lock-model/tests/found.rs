@@ -6,6 +6,23 @@
 use lock_model::{Action, Config, Protocol, State};
 use stateright::Model;
 
+/// A default lock, three clients (a holder, and two waiters of which the last waits one tick),
+/// ttl 3, lease 2: the size both lost wake-ups of `Calls::acquire_plain`'s mark were found at.
+fn two_waiters_one_short() -> Protocol {
+    Protocol(Config {
+        clients: 3,
+        max_time: 2,
+        ttl: 3,
+        lease: 2,
+        fair: false,
+        fencing: false,
+        native: false,
+        last_waits: Some(1),
+        lose_answers: false,
+        lose_messages: false,
+    })
+}
+
 /// Runs `actions` from the initial state, each of which must be enabled, and answers the last
 /// state. `Run(c)` runs one round trip of `c`'s: a pipeline whole, however many steps the model
 /// makes of it.
@@ -59,18 +76,7 @@ fn holds(model: &Protocol, state: &State, property: &str) -> bool {
 /// `mutation-plain-mark-shortens` (the old mark) it fails.
 #[test]
 fn a_short_waiters_mark_no_longer_shortens_the_flag_of_a_long_one() {
-    let model = Protocol(Config {
-        clients: 3,
-        max_time: 2,
-        ttl: 3,
-        lease: 2,
-        fair: false,
-        fencing: false,
-        native: false,
-        last_waits: Some(1),
-        lose_answers: false,
-        lose_messages: false,
-    });
+    let model = two_waiters_one_short();
     use Action::*;
     let state = replay(
         &model,
@@ -120,18 +126,7 @@ fn a_short_waiters_mark_no_longer_shortens_the_flag_of_a_long_one() {
 /// apart, as `lock-runtime` sent them when this was found) this fails.
 #[test]
 fn a_flag_that_lapses_under_a_waiters_mark_is_marked_again() {
-    let model = Protocol(Config {
-        clients: 3,
-        max_time: 2,
-        ttl: 3,
-        lease: 2,
-        fair: false,
-        fencing: false,
-        native: false,
-        last_waits: Some(1),
-        lose_answers: false,
-        lose_messages: false,
-    });
+    let model = two_waiters_one_short();
     use Action::*;
     // A (0) takes the lock until 3; C (2), waiting 1 tick, is refused and marks the flag until 1.
     let state = replay(
