@@ -284,15 +284,21 @@ impl Engine {
         self.held().remove(&hold.id);
         let (outcome, unanswered) = hold::release(hold, &self.backend).await;
         if unanswered {
-            events::release_retried(hold.name());
-            self.cleanup(
-                Arc::clone(&hold.names),
-                hold.token.clone(),
-                hold.mode,
-                hold.ttl,
-            );
+            self.retry_release(hold);
         }
         outcome
+    }
+
+    /// Goes on with `hold`'s release, which no server answered, in the background (see
+    /// [`cleanup`](Self::cleanup)).
+    fn retry_release(&self, hold: &Hold) {
+        events::release_retried(hold.name());
+        self.cleanup(
+            Arc::clone(&hold.names),
+            hold.token.clone(),
+            hold.mode,
+            hold.ttl,
+        );
     }
 
     /// Releases `hold` in place when the backend answers at once (in memory); `None` (and nothing
@@ -408,13 +414,7 @@ impl Engine {
                     // Retried as a guard's release is, for as long as the wait below lasts
                     // (and on, if the runtime outlives it).
                     if unanswered {
-                        events::release_retried(hold.name());
-                        engine.cleanup(
-                            Arc::clone(&hold.names),
-                            hold.token.clone(),
-                            hold.mode,
-                            hold.ttl,
-                        );
+                        engine.retry_release(&hold);
                     }
                 },
                 &self.runtime,

@@ -699,27 +699,20 @@ impl Quorum {
         // Each node's part completes even if nobody waits (see `Fanout`).
         let mut parts = Fanout::new(&self.tasks, self.nodes.len());
         for (node, step) in self.nodes.iter().zip(self.begin(token)) {
-            let request = call(Arc::clone(node), Arc::clone(names), token.clone());
-            let again = retry.map(|give_up_after| {
-                let (call, node) = (call.clone(), Arc::clone(node));
-                let (names, token) = (Arc::clone(names), token.clone());
-                move || {
-                    retry_part(give_up_after, move || {
-                        call(Arc::clone(&node), Arc::clone(&names), token.clone())
-                    })
-                }
-            });
+            let (call, node) = (call.clone(), Arc::clone(node));
+            let (names, token) = (Arc::clone(names), token.clone());
             let tx = tx.clone();
             parts.push(async move {
+                let send = move || call(Arc::clone(&node), Arc::clone(&names), token.clone());
                 step.after_previous().await;
-                let reply = request.await;
+                let reply = send().await;
                 let unseen = reply.as_ref().is_err_and(|f| f.kind.may_have_applied());
                 if let Err(failure) = &reply {
                     step.mark_failed(failure);
                 }
                 let _ = tx.send(reply);
-                if let Some(again) = again.filter(|_| unseen) {
-                    again().await;
+                if let Some(give_up_after) = retry.filter(|_| unseen) {
+                    retry_part(give_up_after, send).await;
                 }
                 drop(step);
             });
